@@ -1,0 +1,53 @@
+# The two README commands: `make demo` and `make test`. Each installs what it needs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TBA := $(VENV)/bin/tba
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo up down bench experiment lint lock clean
+
+install:
+	@./scripts/bootstrap.sh
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(TBA) up
+
+bench: install
+	$(PY) -m benchmarks.run
+
+lint: install
+	$(VENV)/bin/ruff check tba services tests
+
+lock:
+	$(VENV)/bin/pip freeze --exclude-editable | grep -v -E '^(tba==|torchvision|torchaudio|torchcodec)' > requirements/cpu.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs
+
+experiment: install
+	$(PY) -m experiments.compare
+
+# --- Containers: docker-compose.yml on a GPU host; CPU=1 on a host without one ---
+# make up [CPU=1 SEARCHERS=2] / make down / make images / make smoke (the CI container run)
+SEARCHERS ?= 2
+COMPOSE = docker compose $(if $(CPU),-f docker-compose.yml -f docker-compose.cpu.yml)
+.PHONY: images smoke
+
+images: install
+	@scripts/docker/engine.sh start
+	@scripts/docker/build.sh $(if $(CPU),--cpu)
+
+up: images
+	$(COMPOSE) up -d --wait --wait-timeout 900 $(if $(CPU),--scale searcher=$(SEARCHERS))
+
+down:
+	$(COMPOSE) down --remove-orphans
+
+smoke: install
+	@scripts/docker-smoke.sh

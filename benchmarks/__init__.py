@@ -1,0 +1,43 @@
+"""Benchmarks (``make bench`` = ``python -m benchmarks.run``).
+
+Each part is a module ``benchmarks/<part>.py`` with ``main() -> list[Figure]``; it
+measures on this machine, in the same run, both our figure and a bare baseline,
+so the ratio means something. :mod:`benchmarks.run` prints one table for all parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure; ``baseline`` (same unit, same run) gives the ratio; ``target`` is free text."""
+
+    part: str
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    target: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.baseline if self.baseline else None
+
+
+def format_table(figures: list[Figure]) -> str:
+    rows = [("part", "figure", "value", "unit", "baseline", "ratio", "target")]
+    for f in figures:
+        rows.append((f.part, f.name, _num(f.value), f.unit, _num(f.baseline) if f.baseline is not None else "",
+                     f"{f.ratio:.2f}" if f.ratio is not None else "", f.target))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _num(x: float) -> str:
+    if x == 0 or 0.01 <= abs(x) < 1e6:
+        return f"{x:,.2f}" if abs(x) < 100 else f"{x:,.0f}"
+    return f"{x:.3g}"

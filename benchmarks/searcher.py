@@ -1,0 +1,256 @@
+"""Searcher benchmark: end-to-end throughput against bare ``LLM.generate``, and the reload pause.
+
+1. Throughput. One vLLM engine on the tiny model; the same prompts (the searcher's own seeded stream)
+   and the same ``SamplingParams`` go through (a) bare ``LLM.generate`` and (b) the whole searcher loop
+   (generate, reference log-probs, rewards, msgpack, XADD to a redis-server this benchmark starts,
+   final flush included). Rounds alternate a and b so load from other processes hits both alike.
+   Measured twice: at the base weights (where the reference log-probs are vLLM's own) and after a
+   reload (where every batch also pays a reference pass: by default on the CPU a second vLLM engine
+   scoring with prompt log-probs, overlapped with the next batch's generation; run with
+   ``TBA_REF_BACKEND=transformers`` to measure the transformers forward pass instead).
+   Target: searcher / bare >= 0.9 in samples/s and tokens/s. Then once more on what a run actually
+   generates: the arithmetic SFT base after a reload (short answers, many repeated, which the reference
+   pass scores once each).
+2. Reload pause: how long generation stops for an in-place reload (``collective_rpc("reload_weights")``
+   plus the prefix-cache reset), for the tiny model and for a ~100M-parameter model, against what
+   the alternative costs (starting a fresh engine on the new weights), measured in the same run.
+   The content-hash check runs on the watcher thread, off the generation path; reported beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import Figure
+from tba.keys import Keys
+from tba.ops import free_port
+
+PART = "searcher"
+ROUNDS = 3
+BATCHES_PER_ROUND = 6
+RELOADS = 5
+SPEC_100M = dict(hidden_size=768, num_layers=14, num_heads=12, intermediate_size=2048)
+
+
+
+def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
+    import redis
+
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", "",
+         "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            return proc, url
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
+
+
+def _settings(model: Path, work: Path, redis_url: str, **kw):
+    from tba.settings import SearcherSettings
+
+    base = dict(
+        model=model, redis_url=redis_url, namespace="bench", checkpoint_dir=work / "ckpt",
+        spill_dir=work / "spill", searcher_id="bench-0", prompts_per_batch=16, samples_per_prompt=8,
+        max_new_tokens=32, max_model_len=128, temperature=0.7, kv_cache_gib=1, max_batches=BATCHES_PER_ROUND,
+    )
+    return SearcherSettings(**(base | kw))
+
+
+def _bare_round(engine, tokenizer, prompts, params) -> tuple[float, int, int]:
+    """Bare ``LLM.generate`` over the given prompt batches: (seconds, samples, tokens)."""
+    from vllm.inputs import TokensPrompt
+
+    from tba.model.tokenizer import encode_prompt
+
+    t0 = time.perf_counter()
+    samples = tokens = 0
+    for batch in prompts:
+        inputs = [TokensPrompt(prompt_token_ids=encode_prompt(tokenizer, p.text)) for p in batch]
+        for out in engine.llm.generate(inputs, params, use_tqdm=False):
+            samples += len(out.outputs)
+            tokens += sum(len(c.token_ids) for c in out.outputs)
+    return time.perf_counter() - t0, samples, tokens
+
+
+def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, int, int]:
+    """The whole searcher loop for ``max_batches`` batches, the final flush included."""
+    import redis
+
+    from services.searcher.loop import Searcher
+
+    redis.Redis.from_url(redis_url).flushdb()
+    searcher = Searcher(settings, engine, scorer)
+    try:
+        t0 = time.perf_counter()
+        searcher.run()
+        seconds = time.perf_counter() - t0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    published = redis.Redis.from_url(redis_url).xlen(Keys("bench").trajectories)
+    if published != status["groups_published"] or status["spilled"]:
+        raise RuntimeError(f"searcher lost groups: {published} on the stream, status {status}")
+    return seconds, status["samples_published"], status["tokens_generated"]
+
+
+def throughput(engine, scorer, settings, redis_url: str, phase: str) -> list[Figure]:
+    from itertools import islice
+
+    from services.searcher.loop import replica_seed
+
+    params = engine.sampling_params(settings.samples_per_prompt, settings.temperature, settings.max_new_tokens)
+    # The searcher's own prompt stream: both sides see exactly the same prompts, batch by batch.
+    stream = scorer.task.train_prompts(replica_seed(settings.seed, settings.searcher_id))
+    batches = [list(islice(stream, settings.prompts_per_batch)) for _ in range(BATCHES_PER_ROUND)]
+    _bare_round(engine, scorer.tokenizer, batches[:2], params)  # warm-up (the first generate is slow)
+    bare = [0.0, 0, 0]
+    ours = [0.0, 0, 0]
+    for r in range(ROUNDS):
+        for acc, result in ((bare, _bare_round(engine, scorer.tokenizer, batches, params)),
+                            (ours, _searcher_round(settings, engine, scorer, redis_url))):
+            for i, v in enumerate(result):
+                acc[i] += v
+        print(f"[bench] searcher {phase} round {r + 1}: bare {bare[1] / bare[0]:.0f} samples/s, "
+              f"searcher {ours[1] / ours[0]:.0f} samples/s (cumulative)", flush=True)
+    label = f"P={settings.prompts_per_batch} S={settings.samples_per_prompt} T={settings.max_new_tokens}"
+    return [
+        Figure(PART, f"samples/s {phase} ({label}) vs bare LLM.generate", ours[1] / ours[0], "samples/s",
+               bare[1] / bare[0], ">= 0.9"),
+        Figure(PART, f"tokens/s {phase}, vs bare LLM.generate", ours[2] / ours[0], "tokens/s",
+               bare[2] / bare[0], ">= 0.9"),
+    ]
+
+
+def _checkpoints(work: Path, name: str, spec) -> tuple:
+    """Two published checkpoints of the given size (different weights) to reload back and forth."""
+    from tba.checkpoints import CheckpointStore
+    from tba.model.tiny import init_model
+
+    store = CheckpointStore(work / f"ckpt-{name}")
+    manifests = []
+    for v in (1, 2):
+        tmp = store.new_tmp_dir()
+        init_model(tmp, spec, seed=v)
+        manifests.append(store.commit(tmp, version=v, step=v))
+    return store, manifests
+
+
+def _timed_engine(settings, weights: Path, version: int):
+    from services.searcher.engine import Engine
+
+    t0 = time.perf_counter()
+    engine = Engine(settings, weights, version=version, seed=0)
+    return engine, time.perf_counter() - t0
+
+
+def reload_pause(engine, start_s: float, store, manifests, name: str) -> list[Figure]:
+    """Median in-place reload pause, against starting a fresh engine (``start_s``, same run)."""
+    from tba.model.tokenizer import load_tokenizer
+
+    size_mb = sum(f.stat().st_size for f in store.resolve(manifests[0]).iterdir()) / 1e6
+    ids = [load_tokenizer(store.resolve(manifests[0]))("1+1=")["input_ids"]]
+    engine.generate(ids, engine.sampling_params(1, 0.7, 4))  # warm-up
+    pauses, verifies = [], []
+    for i in range(RELOADS):
+        m = manifests[(i + 1) % 2]
+        t = time.perf_counter()
+        store.verify(m)  # what the watcher thread does before it offers a checkpoint
+        verifies.append(time.perf_counter() - t)
+        pauses.append(engine.reload(store.resolve(m), m.version))
+        engine.generate(ids, engine.sampling_params(1, 0.7, 4))
+    pause_ms, verify_ms = statistics.median(pauses) * 1e3, statistics.median(verifies) * 1e3
+    print(f"[bench] reload {name} ({size_mb:.0f} MB): pause {pause_ms:.0f} ms, hash {verify_ms:.0f} ms, "
+          f"fresh engine {start_s:.1f} s", flush=True)
+    return [
+        Figure(PART, f"reload pause, {name} ({size_mb:.0f} MB fp32) vs fresh engine start", pause_ms, "ms",
+               start_s * 1e3, "<< engine start"),
+        Figure(PART, f"checkpoint hash check, {name} (watcher thread, not a pause)", verify_ms, "ms"),
+    ]
+
+
+def realistic_throughput(work: Path, redis_url: str) -> list[Figure]:
+    """Throughput on what a run generates: the arithmetic SFT base (cached, or built now) reloaded from a
+    checkpoint copy, so the reference pass runs; its completions are short and often repeat, which the
+    searcher scores once per distinct (prompt, completion) pair (the share is in the label)."""
+    from services.searcher.scorer import Scorer
+    from tba.model.sft import ensure_base_model
+    from tba.tasks import make_task
+
+    base = ensure_base_model(task="arithmetic")
+    policy = work / "policy-v1"
+    shutil.copytree(base, policy)  # the same weights from another directory: treated as a trained policy
+    settings = _settings(base, work, redis_url, max_new_tokens=16)
+    engine, _ = _timed_engine(settings, base, version=0)
+    scorer = Scorer(settings, make_task("arithmetic"), settings.searcher_id)
+    try:
+        engine.reload(policy, 1)
+        figures = throughput(engine, scorer, settings, redis_url, "arithmetic SFT base after reload")
+        share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
+        print(f"[bench] reference pass scored {share:.0%} of the pairs (the rest repeat)", flush=True)
+        return figures + [Figure(PART, "share of (prompt, completion) pairs the reference scored", share * 100, "%")]
+    finally:
+        scorer.close()
+        engine.close()
+
+
+def main() -> list[Figure]:
+    from services.searcher.scorer import Scorer
+    from tba.model.tiny import TinyModelSpec, init_model
+    from tba.tasks import make_task
+
+    work = Path(tempfile.mkdtemp(prefix="tba-bench-searcher-"))
+    redis_proc, redis_url = _start_redis(work / "redis")
+    try:
+        model = init_model(work / "tiny", seed=0)
+        settings = _settings(model, work, redis_url)
+        store, manifests = _checkpoints(work, "tiny", TinyModelSpec())
+        engine, start_s = _timed_engine(settings, model, version=0)
+        try:
+            scorer = Scorer(settings, make_task(settings.task, settings.task_options), settings.searcher_id)
+            try:
+                # At the base weights (version 0, the warm-up) the reference log-probs are vLLM's own ...
+                figures = throughput(engine, scorer, settings, redis_url, "at base (ref reused)")
+                figures += reload_pause(engine, start_s, store, manifests, "tiny")
+                # ... after a reload every batch also pays a reference pass (TBA_REF_BACKEND chooses which).
+                figures += throughput(engine, scorer, settings, redis_url,
+                                      f"after reload (ref pass: {scorer.reference.backend})")
+            finally:
+                scorer.close()
+        finally:
+            engine.close()
+        figures += realistic_throughput(work, redis_url)
+        big = TinyModelSpec(**SPEC_100M)
+        n_params = big.num_layers * (4 * big.hidden_size**2 + 3 * big.hidden_size * big.intermediate_size)
+        store, manifests = _checkpoints(work, "100M", big)
+        engine, start_s = _timed_engine(settings, store.resolve(manifests[0]), version=1)
+        try:
+            figures += reload_pause(engine, start_s, store, manifests, f"{n_params / 1e6:.0f}M params")
+        finally:
+            engine.close()
+        return figures
+    finally:
+        redis_proc.kill()
+        redis_proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from benchmarks import format_table
+
+    print(format_table(main()))

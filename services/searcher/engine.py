@@ -1,0 +1,210 @@
+"""The vLLM engine of one searcher: generation with behaviour log-probs, and in-place weight reload.
+
+The same code runs on vLLM's CPU build here and on CUDA hosts; only the
+engine options differ (settings). ``logprobs_mode="processed_logprobs"``
+makes vLLM report log-probs after temperature scaling, so a completion's
+``cumulative_logprob`` is log pi(y|x) under logits/T, the quantity the trainer
+computes with ``tba.model.logprobs`` (PLATFORM.md). Reload goes through
+``collective_rpc("reload_weights")``: the engine is never restarted to change
+weights. Build an :class:`Engine` only from ``if __name__ == "__main__"`` (or
+a test): vLLM's engine core is a spawned process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from services.searcher.worker_ext import SPIN_ENV
+from tba.settings import SearcherSettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion as the engine returned it (token ids include EOS if emitted)."""
+
+    token_ids: list[int]
+    logprob_sum: float
+    finish_reason: str
+    token_logprobs: list[float] | None = None
+
+
+class ReloadError(RuntimeError):
+    """The engine could not load a checkpoint; it still serves the weights it had."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine core exited (a shutdown signal reached it): it can neither load nor generate any more."""
+
+
+def engine_alive(llm) -> bool:
+    """False once vLLM marked the engine dead or one of its engine-core processes exited."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    resources = getattr(core, "resources", None)
+    if resources is None:  # an in-process engine core: it lives as long as we do
+        return True
+    if getattr(resources, "engine_dead", False):
+        return False
+    processes = getattr(getattr(resources, "engine_manager", None), "processes", None) or []
+    return all(p.is_alive() for p in processes)
+
+
+def guarded_call(fn: Callable[[], T], alive: Callable[[], bool], what: str, poll: float = 0.1) -> T:
+    """``fn()``, but raise :class:`EngineStopped` instead of waiting forever on a dead engine.
+
+    vLLM's synchronous client waits for a reply without a timeout: a call sent to an engine core that
+    is exiting never returns. The call runs on a helper thread while this one watches the engine;
+    once it is dead the helper is left behind (a daemon, blocked on a reply that will not come)."""
+    result: list[T] = []
+    error: list[BaseException] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as err:  # noqa: BLE001 (handed to the caller)
+            error.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"engine-call-{what}", daemon=True).start()
+    while not done.wait(poll):
+        if not alive():
+            done.wait(poll)  # a reply already on its way still counts
+            if not done.is_set():
+                raise EngineStopped(f"the engine core exited during {what}")
+    if error:
+        if not alive():
+            raise EngineStopped(f"the engine core exited during {what} ({error[0]})") from error[0]
+        raise error[0]
+    return result[0]
+
+
+def should_restore(stop_requested: bool, alive: bool) -> bool:
+    """After a failed reload: load the previous weights back only into a live engine that is not stopping.
+
+    A shutdown signal that reached the engine core too makes the load fail; restoring would then send
+    another call to a dying engine (which hung before this check). Nothing is generated after a stop,
+    so the old weights are not needed."""
+    return alive and not stop_requested
+
+
+def engine_options(settings: SearcherSettings, on_cpu: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """What both of a searcher's engines (generation, reference) share: ``LLM`` options, and the
+    environment its processes must start with (vLLM's CPU build reads some settings only from there)."""
+    options: dict[str, Any] = dict(
+        dtype=settings.dtype,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
+    )
+    env: dict[str, str] = {}
+    if on_cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(settings.kv_cache_gib)))  # whole GiB
+        # Idle workers sleep instead of spinning on cores the trainer and the other engines need.
+        options["worker_extension_cls"] = "services.searcher.worker_ext.QuietWorker"
+        env[SPIN_ENV] = repr(settings.worker_spin_seconds)
+    return options, env
+
+
+class Engine:
+    """A vLLM ``LLM`` plus the policy version its weights carry."""
+
+    def __init__(self, settings: SearcherSettings, weights_dir: Path, version: int, seed: int = 0) -> None:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        options, env = engine_options(settings, on_cpu)
+        options.update(max_model_len=settings.max_model_len, logprobs_mode="processed_logprobs", seed=seed)
+        if not on_cpu:
+            options["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        os.environ.update(env)  # read by the engine's processes as they start
+        started = time.monotonic()
+        self.llm = LLM(model=str(weights_dir), **options)
+        self.settings = settings
+        self.weights_dir = Path(weights_dir)
+        self.version = version
+        log.info("vLLM engine up in %.1f s with %s (version %d)", time.monotonic() - started, weights_dir, version)
+
+    def sampling_params(self, n: int, temperature: float, max_tokens: int, logprobs: bool = True):
+        from vllm import SamplingParams
+
+        # Rewards are computed on our own tokenizer's decode, so vLLM's detokenizer is skipped.
+        return SamplingParams(
+            n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0 if logprobs else None,
+            detokenize=False,
+        )
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params) -> list[list[Completion]]:
+        """S completions per prompt, in prompt order."""
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        per_token = self.settings.per_token_logprobs
+        result = []
+        for out in outputs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                token_lp = None
+                if per_token and c.logprobs is not None:
+                    token_lp = [step[tok].logprob for step, tok in zip(c.logprobs, ids, strict=True)]
+                logprob_sum = c.cumulative_logprob if c.cumulative_logprob is not None else math.nan
+                group.append(Completion(ids, float(logprob_sum), str(c.finish_reason), token_lp))
+            result.append(group)
+        return result
+
+    def alive(self) -> bool:
+        return engine_alive(self.llm)
+
+    def reload(self, weights_dir: Path, version: int, stopping: Callable[[], bool] = lambda: False) -> float:
+        """Load ``weights_dir`` in place; returns the pause in seconds. On failure, restore the old weights.
+
+        ``stopping`` tells whether a shutdown was requested: a reload that fails then (the signal
+        reached the engine core too) raises :class:`EngineStopped` instead of restoring."""
+        started = time.monotonic()
+        try:
+            self._load(weights_dir)
+        except Exception as err:
+            if not should_restore(stopping(), self.alive()):
+                raise EngineStopped(f"reload of {weights_dir} cut short by shutdown ({err}); "
+                                    "the previous weights are not restored") from err
+            log.error("reload of %s failed (%s); restoring %s", weights_dir, err, self.weights_dir)
+            try:
+                self._load(self.weights_dir)
+            except EngineStopped:
+                raise
+            except Exception as restore_err:
+                raise RuntimeError(
+                    f"reload of {weights_dir} failed and the previous weights {self.weights_dir} could not be "
+                    f"restored ({restore_err}): refusing to generate with mixed weights"
+                ) from err
+            raise ReloadError(f"could not load {weights_dir}: {err}") from err
+        self.weights_dir = Path(weights_dir)
+        self.version = version
+        return time.monotonic() - started
+
+    def _load(self, weights_dir: Path) -> None:
+        def load() -> None:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+            # Cached prompt KV was computed with the old weights: it must not serve the new ones.
+            self.llm.reset_prefix_cache()
+
+        guarded_call(load, self.alive, "reload_weights")
+
+    def close(self) -> None:
+        """Stop the engine core process now rather than at interpreter exit."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()

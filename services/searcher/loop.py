@@ -1,0 +1,333 @@
+"""The generation loop: prompts -> vLLM -> score -> publish, with reloads between batches.
+
+The main thread only generates: between two ``generate`` calls it loads the
+newest verified checkpoint (the pause the reload itself takes, nothing more)
+and hands the finished batch to a worker thread that scores it (rewards,
+reference log-probs) and publishes it while the next batch is generated.
+Every group carries the policy version its batch was generated with, so a
+reload while the worker still scores the previous batch labels nothing wrong.
+
+Stopping: the first SIGTERM/SIGINT finishes the batch in progress, the second
+abandons it; either way the worker scores and publishes what was generated,
+the spill queue is flushed (what Redis does not take stays on disk for the
+next start) and :meth:`Searcher.run` returns 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from services.searcher.engine import Engine, EngineStopped, ReloadError
+from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
+from services.searcher.pacing import Pacer
+from services.searcher.publisher import Publisher, make_redis
+from services.searcher.scorer import GeneratedBatch, Scorer
+from services.searcher.spill import SpillQueue
+from services.searcher.watcher import CheckpointWatcher
+from tba.checkpoints import CheckpointStore
+from tba.keys import Keys
+from tba.model.tokenizer import encode_prompt
+from tba.settings import SearcherSettings
+
+log = logging.getLogger(__name__)
+SIGNAL_GRACE_SECONDS = 2.0
+PACE_POLL_SECONDS = 0.1  # how often a paced searcher looks for a newer checkpoint
+
+
+class AbandonBatch(Exception):
+    """Raised by the second stop signal to cut the batch being generated short."""
+
+
+class StopControl:
+    """The stop policy: the first signal finishes the batch in progress, the second abandons it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.generating = False
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def on_signal(self, signum: int, _frame=None) -> None:
+        if not self.event.is_set():
+            log.warning("signal %d: stopping after the current batch (send it again to abandon the batch)", signum)
+            self.event.set()
+        elif self.generating:
+            raise AbandonBatch()
+
+
+def replica_seed(seed: int, searcher_id: str) -> int:
+    """A per-replica seed: replicas with different ids explore different prompts and samples."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{searcher_id}".encode()).digest()[:4], "big")
+
+
+def redis_for(settings: SearcherSettings):
+    """The searcher's Redis client (one Redis or a cluster), failing fast: callers own the retries."""
+    return make_redis(settings.redis_url, settings.redis_timeout_seconds, settings.redis_cluster)
+
+
+def build_watcher(settings: SearcherSettings, version: int) -> CheckpointWatcher:
+    return CheckpointWatcher(
+        lambda: redis_for(settings), Keys(settings.namespace),
+        CheckpointStore(settings.checkpoint_dir), settings.reload_poll_seconds, current_version=version,
+    )
+
+
+class Searcher:
+    def __init__(
+        self,
+        settings: SearcherSettings,
+        engine: Engine,
+        scorer: Scorer,
+        *,
+        watcher: CheckpointWatcher | None = None,
+        spill: SpillQueue | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.scorer = scorer
+        self.searcher_id = settings.searcher_id
+        self.prompts = scorer.task.train_prompts(replica_seed(settings.seed, settings.searcher_id))
+        self.params = engine.sampling_params(settings.samples_per_prompt, settings.temperature,
+                                             settings.max_new_tokens)
+        self.spill = spill if spill is not None else SpillQueue(settings.spill_dir, settings.spill_max_bytes)
+        self.publisher = Publisher(
+            redis_for(settings), Keys(settings.namespace), self.spill,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
+        self.watcher = watcher if watcher is not None else build_watcher(settings, engine.version)
+        self.watcher.current_version = engine.version
+        self.registry = registry or CollectorRegistry()
+        self.registry.register(StatusCollector(self.status))
+        self.reload_seconds = reload_histogram(self.registry)
+        self.rates = RateWindow()
+        self._reference_dir = Path(settings.model).resolve()
+        self.state = "starting"
+        self.batches = self.groups_generated = self.samples_generated = self.tokens_generated = 0
+        self.reloads = self.skipped_prompts = 0
+        self.reload_ms_last: float | None = None
+        self._started = time.monotonic()
+        self.stop = StopControl()
+        self.pacer = Pacer(settings.max_batches_per_version, settings.pace_max_wait_seconds)
+        self._queue: queue.Queue[GeneratedBatch | None] = queue.Queue(maxsize=1)
+        self._worker_error: BaseException | None = None
+        self._worker: threading.Thread | None = None
+
+    # --- control ---
+    def request_stop(self) -> None:
+        self.stop.event.set()
+
+    # --- the loop ---
+    def run(self) -> int:
+        """Generate until stopped (or ``max_batches``); returns 0 once everything generated is published or spilled."""
+        self.watcher.poll_once()  # a late joiner catches up before its first batch
+        self.watcher.start()
+        worker = self._worker = threading.Thread(target=self._work, name="score-publish", daemon=True)
+        worker.start()
+        self.state = "running"
+        try:
+            while not self.stop.requested:
+                if self.settings.max_batches is not None and self.batches >= self.settings.max_batches:
+                    break
+                self._raise_worker_error()
+                if not self.maybe_reload():
+                    break  # the engine stopped during a reload: shutting down
+                if self.spill.full():
+                    self.state = "paused: spill queue full"
+                    self.stop.event.wait(0.5)
+                    continue
+                if self.pacer.should_wait(self.engine.version):
+                    self.state = "paused: waiting for a newer policy"
+                    self.stop.event.wait(PACE_POLL_SECONDS)
+                    self.pacer.waited(PACE_POLL_SECONDS)
+                    continue
+                self.state = "running"
+                batch = self._generate()
+                if batch is None:
+                    break
+                self._hand_over(batch)
+                self.pacer.generated(batch.version)
+                self.batches += 1
+        finally:
+            self.state = "stopping"
+            while worker.is_alive():  # a dead worker no longer takes from the queue
+                try:
+                    self._queue.put(None, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+            worker.join()
+            self.watcher.stop()
+            self.state = "stopped"
+        self._raise_worker_error()
+        return 0
+
+    def maybe_reload(self) -> bool:
+        """Load the newest verified checkpoint, if there is one newer than the engine's weights.
+
+        False when a shutdown signal reached the engine core during the reload: the loop then stops
+        (exit 0, everything generated still published or spilled). An engine that dies without a stop
+        request is a failure and raises."""
+        ckpt = self.watcher.take()
+        if ckpt is None:
+            return True
+        self.state = "reloading"
+        old = self.engine.version
+        try:
+            pause = self.engine.reload(ckpt.path, ckpt.version, stopping=lambda: self.stop.requested)
+        except ReloadError as err:
+            self.watcher.reject(ckpt, str(err))
+            self.state = "running"
+            return True
+        except EngineStopped as err:
+            # A signal sent to the process group reaches the engine core and this process about together;
+            # give ours a moment to arrive before calling the engine's death a failure.
+            if self.stop.requested or self.stop.event.wait(SIGNAL_GRACE_SECONDS):
+                log.warning("shutdown during the reload to v%d: %s", ckpt.version, err)
+                return False
+            raise
+        self.watcher.current_version = ckpt.version
+        self.reloads += 1
+        self.reload_ms_last = pause * 1000
+        self.reload_seconds.observe(pause)
+        log.info("reloaded v%d -> v%d in place (generation paused %.0f ms)", old, ckpt.version, pause * 1000)
+        return True
+
+    def _generate(self) -> GeneratedBatch | None:
+        prompts, ids = [], []
+        limit = self.settings.max_model_len - self.settings.max_new_tokens
+        while len(prompts) < self.settings.prompts_per_batch:
+            prompt = next(self.prompts)
+            prompt_ids = encode_prompt(self.scorer.tokenizer, prompt.text)
+            if len(prompt_ids) > limit:
+                self.skipped_prompts += 1
+                log.warning("skipping prompt %r: %d tokens + %d new exceed TBA_MAX_MODEL_LEN=%d",
+                            prompt.prompt_id, len(prompt_ids), self.settings.max_new_tokens,
+                            self.settings.max_model_len)
+                continue
+            prompts.append(prompt)
+            ids.append(prompt_ids)
+        version = self.engine.version
+        self.stop.generating = True
+        try:
+            completions = self.engine.generate(ids, self.params)
+        except AbandonBatch:
+            log.warning("abandoned a batch of %d prompts on the second stop signal", len(prompts))
+            return None
+        except Exception:
+            if not self.stop.requested:
+                raise
+            # Ctrl-C reaches vLLM's engine processes too: a batch cut short by shutdown is abandoned.
+            log.warning("the engine stopped during shutdown; abandoned a batch of %d prompts", len(prompts))
+            return None
+        finally:
+            self.stop.generating = False
+        return GeneratedBatch(prompts, ids, completions, version, ref_is_policy=self._serving_reference())
+
+    def _serving_reference(self) -> bool:
+        """True while the engine's weights are the reference model's own (the base, before any reload)."""
+        return self.settings.ref_reuse_at_base and self.engine.weights_dir.resolve() == self._reference_dir
+
+    def _hand_over(self, batch: GeneratedBatch) -> None:
+        while True:
+            try:
+                self._queue.put(batch, timeout=0.5)
+                return
+            except queue.Full:
+                self._raise_worker_error()
+                if self._worker is not None and not self._worker.is_alive():
+                    log.warning("the scoring thread stopped during shutdown; abandoned a batch of %d prompts",
+                                len(batch.prompts))
+                    return
+
+    def _work(self) -> None:
+        """Worker thread: score and publish batches in order; replay spilled groups when idle."""
+        try:
+            while True:
+                try:
+                    batch = self._queue.get(timeout=0.5)
+                except queue.Empty:
+                    self.publisher.pump()
+                    continue
+                if batch is None:
+                    break
+                try:
+                    groups = self.scorer.score(batch)
+                except EngineStopped:
+                    if not (self.stop.requested or self.stop.event.wait(SIGNAL_GRACE_SECONDS)):
+                        raise
+                    # The shutdown signal reached the reference engine too: nothing more can be scored.
+                    log.warning("the reference engine stopped during shutdown; abandoned a batch of %d prompts",
+                                len(batch.prompts))
+                    break
+                self.publisher.publish(groups)
+                samples = sum(len(g.samples) for g in groups)
+                tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)
+                self.groups_generated += len(groups)
+                self.samples_generated += samples
+                self.tokens_generated += tokens
+                self.rates.add(len(groups), samples, tokens)
+        except BaseException as err:  # surfaced by the main thread, which stops the loop
+            self._worker_error = err
+            self.stop.event.set()
+            log.exception("scoring/publishing failed")
+        finally:
+            self.publisher.flush(self.settings.flush_timeout_seconds)
+
+    def _raise_worker_error(self) -> None:
+        if self._worker_error is not None:
+            raise RuntimeError(f"the scoring/publishing thread failed: {self._worker_error}") from self._worker_error
+
+    # --- reporting ---
+    def ready(self) -> tuple[bool, str]:
+        if self.state in ("running", "reloading", "paused: spill queue full", "paused: waiting for a newer policy"):
+            return True, f"engine loaded, version {self.engine.version}"
+        return False, self.state
+
+    def status(self) -> dict:
+        groups_per_s, samples_per_s, tokens_per_s = self.rates.rates()
+        pub = self.publisher.stats
+        return {
+            "searcher_id": self.searcher_id,
+            "state": self.state,
+            "version": self.engine.version,
+            "newest_seen_version": self.watcher.newest_seen,
+            "batches": self.batches,
+            "groups_generated": self.groups_generated,
+            "samples_generated": self.samples_generated,
+            "tokens_generated": self.tokens_generated,
+            "groups_published": pub.groups_published,
+            "samples_published": pub.samples_published,
+            "groups_per_s": round(groups_per_s, 3),
+            "samples_per_s": round(samples_per_s, 3),
+            "tokens_per_s": round(tokens_per_s, 3),
+            "reloads": self.reloads,
+            "reload_ms_last": None if self.reload_ms_last is None else round(self.reload_ms_last, 3),
+            "rejected_checkpoints": self.watcher.rejected,
+            "spilled": len(self.spill),
+            "spill_bytes": self.spill.nbytes,
+            "spilled_total": pub.groups_spilled_total,
+            "dropped_samples": self.scorer.dropped,
+            "ref_pairs_total": self.scorer.ref_pairs_total,
+            "ref_pairs_scored": self.scorer.ref_pairs_scored,
+            "skipped_prompts": self.skipped_prompts,
+            "paced_seconds": round(self.pacer.waited_seconds, 3),
+            "redis_up": int(pub.redis_ok),
+            "redis_error": pub.last_error,
+            "ready": int(self.ready()[0]),
+            "uptime_s": round(time.monotonic() - self._started, 3),
+        }
+
+    def close(self) -> None:
+        """Release the spill directory lock and the Redis connections (the engine belongs to the caller)."""
+        self.spill.close()
+        self.publisher.client.close()

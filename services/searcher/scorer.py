@@ -1,0 +1,133 @@
+"""Scoring a generated batch: task rewards and reference log-probs, assembled into ScoredGroups.
+
+log pi_ref(y|x) is the quantity :func:`tba.model.logprobs.sequence_logprobs`
+computes on the reference model (the base model at ``settings.model``): under
+logits/T, over exactly the completion ids the engine returned (EOS included
+when emitted), the same ids and masking the trainer uses for log pi_theta, so
+the two sides of the TB loss agree (ALGORITHM.md §2). Which pass computes it
+is :mod:`services.searcher.reference`'s choice (a second vLLM engine on the
+CPU, a transformers pass on GPUs). While the engine still serves the base
+weights (version 0, before the first checkpoint: the warm-up that fills the
+buffer) the policy IS the reference, and vLLM's own tempered log-probs are
+reused instead of a second pass (``ref_reuse_at_base``). Rewards see the
+decoded text without special tokens (no EOS).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.searcher.engine import Completion
+from services.searcher.reference import Reference, make_reference
+from tba.model.tokenizer import load_tokenizer
+from tba.schemas import ScoredGroup, ScoredSample
+from tba.settings import SearcherSettings
+from tba.tasks import Prompt, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GeneratedBatch:
+    """What one ``generate`` call produced, with the policy version that produced it."""
+
+    prompts: list[Prompt]
+    prompt_ids: list[list[int]]
+    completions: list[list[Completion]]  # (P, S)
+    version: int
+    ref_is_policy: bool = False  # generated with the reference (base) weights themselves
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for group in self.completions for c in group)
+
+
+class Scorer:
+    """Holds the reference model and the task; turns a :class:`GeneratedBatch` into ScoredGroups."""
+
+    def __init__(self, settings: SearcherSettings, task: Task, searcher_id: str,
+                 reference: Reference | None = None) -> None:
+        self.settings = settings
+        self.task = task
+        self.searcher_id = searcher_id
+        self.temperature = settings.temperature
+        self.tokenizer = load_tokenizer(settings.model)
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id  # masked out of the sums either way
+        self.reference = reference if reference is not None else make_reference(settings, self.pad_id)
+        self.dropped = 0
+        self.ref_pairs_total = self.ref_pairs_scored = 0  # pairs asked for, distinct pairs the reference scored
+
+    def ref_logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[float]:
+        """log pi_ref(y_i|x_i) under logits/T for each pair (the configured backend).
+
+        Each distinct (prompt, completion) pair is scored once: a policy that has learned a prompt
+        samples the same completion many times over (most of a batch, late in a run)."""
+        index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        slots = [index.setdefault((tuple(p), tuple(c)), len(index)) for p, c in zip(prompt_ids, completion_ids,
+                                                                                    strict=True)]
+        self.ref_pairs_total += len(slots)
+        self.ref_pairs_scored += len(index)
+        if not index:
+            return []
+        unique = list(index)
+        values = self.reference.logprobs([p for p, _ in unique], [c for _, c in unique])
+        return [values[i] for i in slots]
+
+    def close(self) -> None:
+        """Stop the reference engine's processes (vllm backend) now rather than at interpreter exit."""
+        self.reference.close()
+
+    def score(self, batch: GeneratedBatch) -> list[ScoredGroup]:
+        """Rewards, reference log-probs and the group envelope for every prompt of the batch."""
+        flat = [(p, c) for p, group in enumerate(batch.completions) for c in group if self._usable(c)]
+        if batch.ref_is_policy:
+            # pi_theta is pi_ref here: vLLM's tempered log-probs over the same ids ARE log pi_ref(y|x).
+            ref = [c.logprob_sum for _, c in flat]
+        else:
+            ref = self.ref_logprobs([batch.prompt_ids[p] for p, _ in flat], [c.token_ids for _, c in flat])
+        texts = self.tokenizer.batch_decode([c.token_ids for _, c in flat], skip_special_tokens=True)
+        per_prompt: list[list[tuple[Completion, float, str]]] = [[] for _ in batch.prompts]
+        for (p, c), r, text in zip(flat, ref, texts, strict=True):
+            per_prompt[p].append((c, r, text))
+        groups = []
+        for prompt, ids, items in zip(batch.prompts, batch.prompt_ids, per_prompt, strict=True):
+            if not items:
+                continue
+            rewards = self.task.rewards(prompt, [text for _, _, text in items])
+            samples = [
+                ScoredSample(
+                    completion_ids=c.token_ids, completion_text=text, reward=reward,
+                    logprob_sum=c.logprob_sum, ref_logprob_sum=r, finish_reason=c.finish_reason,
+                    token_logprobs=c.token_logprobs,
+                )
+                for (c, r, text), reward in zip(items, rewards, strict=True)
+                if self._finite(reward=reward, ref_logprob_sum=r)
+            ]
+            if not samples:
+                continue
+            groups.append(ScoredGroup(
+                prompt_id=prompt.prompt_id, prompt_text=prompt.text, prompt_ids=ids, task=self.task.name,
+                policy_version=batch.version, searcher_id=self.searcher_id, samples=samples,
+            ))
+        return groups
+
+    def _finite(self, **values: float) -> bool:
+        bad = {k: v for k, v in values.items() if not math.isfinite(v)}
+        if bad:
+            self.dropped += 1
+            log.warning("dropping a completion with non-finite %s", bad)
+        return not bad
+
+    def _usable(self, c: Completion) -> bool:
+        """The loss cannot use an empty or aborted completion, or one without a finite log-prob."""
+        if c.token_ids and math.isfinite(c.logprob_sum) and c.finish_reason in ("stop", "length"):
+            return True
+        self.dropped += 1
+        log.warning("dropping a completion the loss cannot use (%d tokens, log-prob %s, finish %s)",
+                    len(c.token_ids), c.logprob_sum, c.finish_reason)
+        return False

@@ -1,0 +1,74 @@
+"""Start-up checks that turn a misconfiguration into one clear line instead of a vLLM traceback.
+
+Everything here runs before vLLM is imported, so a wrong ``TBA_MODEL`` or
+``TBA_TASK`` fails in a second, not after a 30-second engine start. Each
+message names the variable and the flag to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tba.settings import SearcherSettings
+from tba.tasks import Task, make_task, task_names
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+
+
+class StartupError(RuntimeError):
+    """A setting the searcher cannot start with; the message names it."""
+
+
+def check_task(settings: SearcherSettings) -> Task:
+    if settings.task not in task_names():
+        raise StartupError(f"TBA_TASK / --task: unknown task {settings.task!r}; known tasks: {', '.join(task_names())}")
+    try:
+        return make_task(settings.task, settings.task_options)
+    except (ValueError, TypeError) as err:
+        raise StartupError(
+            f"TBA_TASK_OPTIONS / --task-options: bad options for task {settings.task!r}: {err}"
+        ) from None
+
+
+def check_lengths(settings: SearcherSettings) -> None:
+    if settings.max_new_tokens >= settings.max_model_len:
+        raise StartupError(
+            f"TBA_MAX_NEW_TOKENS / --max-new-tokens: {settings.max_new_tokens} leaves no room for a prompt "
+            f"within TBA_MAX_MODEL_LEN / --max-model-len = {settings.max_model_len}"
+        )
+
+
+def check_model_dir(path: Path, where: str = "TBA_MODEL / --model") -> None:
+    """A Hugging Face model directory: config.json that parses, weights, and a loadable config and tokenizer."""
+    if not path.exists():
+        raise StartupError(f"{where}: model directory {path} does not exist")
+    if not path.is_dir():
+        raise StartupError(f"{where}: {path} is not a directory")
+    config = path / "config.json"
+    if not config.is_file():
+        raise StartupError(f"{where}: {path} is not a Hugging Face model directory (no config.json)")
+    try:
+        json.loads(config.read_text())
+    except (ValueError, OSError) as err:
+        raise StartupError(f"{where}: {config} is not valid JSON ({err})") from None
+    if not any(next(path.glob(p), None) for p in WEIGHT_PATTERNS):
+        raise StartupError(f"{where}: no weights in {path} (expected *.safetensors)")
+    try:
+        from transformers import AutoConfig
+
+        from tba.model.tokenizer import load_tokenizer
+
+        AutoConfig.from_pretrained(str(path))
+        load_tokenizer(path)
+    except Exception as err:  # transformers raises many types; all mean "cannot load this directory"
+        first_line = (str(err).splitlines() or [""])[0]
+        raise StartupError(f"{where}: cannot load the model in {path}: {type(err).__name__}: {first_line}") from None
+
+
+def check_all(settings: SearcherSettings) -> Task:
+    """Every check, cheapest first; returns the task."""
+    task = check_task(settings)
+    check_lengths(settings)
+    check_model_dir(Path(settings.model))
+    return task

@@ -1,0 +1,135 @@
+"""From a sampled batch to micro-batches of complete prompts under a token budget.
+
+log Z is a per-prompt mean over that prompt's K samples (ALGORITHM.md §2), so a
+prompt is never split across micro-batches: each micro-batch holds whole
+prompts, its loss is exact, and gradient accumulation over micro-batches gives
+the gradient of the whole batch. The budget counts padded tokens (rows × the
+longest row), which is what the forward pass allocates. A single prompt whose K
+samples exceed the budget gets a micro-batch of its own: memory stays bounded
+by max(budget, K × longest sequence).
+
+Samples are grouped by (task, prompt id), not by group: if the buffer serves the
+same prompt in two slots, both groups feed one log Z estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from tba.schemas import SampledBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sample as the loss needs it."""
+
+    prompt_key: tuple[str, str]  # (task, prompt_id)
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    reward: float
+    log_ref: float
+    version: int
+    staleness: int
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class MicroBatch:
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    log_ref: torch.Tensor  # (n,)
+    reward: torch.Tensor  # (n,)
+    prompt_index: torch.Tensor  # (n,) long, local to this micro-batch
+    tokens: int  # real (unpadded) tokens
+    padded_tokens: int
+
+    @property
+    def size(self) -> int:
+        return len(self.prompts)
+
+
+def rows_from_batch(batch: SampledBatch, vocab_size: int, max_length: int) -> tuple[list[Row], list[str]]:
+    """Rows the model can take, and one reason per group dropped (bad ids, too long, inconsistent prompt)."""
+    rows: list[Row] = []
+    problems: list[str] = []
+    prompt_tokens: dict[tuple[str, str], tuple[int, ...]] = {}
+    for gi, group in enumerate(batch.groups):
+        key = (group.task, group.prompt_id)
+        prompt_ids = tuple(group.prompt_ids)
+        reason = _check_group(group, prompt_ids, vocab_size, max_length)
+        if reason is None and prompt_tokens.setdefault(key, prompt_ids) != prompt_ids:
+            reason = "same prompt id as another group but different prompt token ids"
+        if reason is not None:
+            problems.append(f"group {gi} (prompt {group.prompt_id!r}): {reason}")
+            continue
+        rows.extend(
+            Row(key, prompt_ids, tuple(s.completion_ids), s.reward, s.ref_logprob_sum, s.version, s.staleness)
+            for s in group.samples
+        )
+    return rows, problems
+
+
+def _check_group(group, prompt_ids: tuple[int, ...], vocab_size: int, max_length: int) -> str | None:
+    if not prompt_ids or not group.samples:
+        return "empty prompt or no samples"
+    for s in group.samples:
+        ids = prompt_ids + tuple(s.completion_ids)
+        if not s.completion_ids:
+            return "empty completion"
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            return f"token id outside the vocabulary [0, {vocab_size})"
+        if len(ids) > max_length:
+            return f"sequence of {len(ids)} tokens exceeds the model's {max_length} positions"
+    return None
+
+
+def plan_micro_batches(rows: list[Row], token_budget: int) -> list[MicroBatch]:
+    """Pack whole prompts, longest first, into micro-batches of at most ``token_budget`` padded tokens."""
+    by_prompt: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        by_prompt.setdefault(row.prompt_key, []).append(row)
+    units = sorted(by_prompt.values(), key=lambda u: max(r.length for r in u), reverse=True)
+    plans: list[list[list[Row]]] = []
+    n_rows, longest = 0, 0
+    for unit in units:
+        unit_longest = max(r.length for r in unit)
+        fits = (n_rows + len(unit)) * max(longest, unit_longest) <= token_budget
+        if plans and fits:
+            plans[-1].append(unit)
+            n_rows, longest = n_rows + len(unit), max(longest, unit_longest)
+            continue
+        if len(unit) * unit_longest > token_budget:
+            log.warning("one prompt's %d samples need %d padded tokens, over the budget of %d: "
+                        "it gets a micro-batch of its own (log Z needs all of them)",
+                        len(unit), len(unit) * unit_longest, token_budget)
+        plans.append([unit])
+        n_rows, longest = len(unit), unit_longest
+    return [_collate(p) for p in plans]
+
+
+def _collate(units: list[list[Row]]) -> MicroBatch:
+    rows = [r for unit in units for r in unit]
+    index = [gi for gi, unit in enumerate(units) for _ in unit]
+    return MicroBatch(
+        prompts=[list(r.prompt_ids) for r in rows],
+        completions=[list(r.completion_ids) for r in rows],
+        log_ref=torch.tensor([r.log_ref for r in rows], dtype=torch.float32),
+        reward=torch.tensor([r.reward for r in rows], dtype=torch.float32),
+        prompt_index=torch.tensor(index, dtype=torch.long),
+        tokens=sum(r.length for r in rows),
+        padded_tokens=len(rows) * max(r.length for r in rows),
+    )
+
+
+def staleness_histogram(rows: list[Row]) -> dict[int, int]:
+    """How many samples of the batch are 0, 1, 2, ... versions behind the trainer."""
+    return dict(sorted(Counter(r.staleness for r in rows).items()))

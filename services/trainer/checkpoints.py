@@ -1,0 +1,157 @@
+"""The trainer's side of the checkpoint protocol (:mod:`tba.checkpoints`): publish, announce, prune, resume.
+
+A checkpoint is a Hugging Face model directory (safetensors, config, tokenizer,
+generation config) that searchers load as is, plus the trainer's own resume
+state under ``trainer/`` (optimizer, scheduler, step, beta, RNG states). Both
+are written into one temporary directory that :meth:`CheckpointStore.commit`
+fsyncs and renames: the rename is the commit point, so every ``step-NNNNNN``
+directory is complete and a ``kill -9`` at any moment leaves at most an
+unreferenced ``.tmp-`` directory (pruned after the grace period).
+
+The weights on disk are always fp32 master weights (bf16 runs only autocast the
+forward), so resuming loses nothing and searchers cast to their own dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tba.checkpoints import TRAINER_STATE_DIR, CheckpointError, CheckpointStore, announce, content_hash
+from tba.schemas import CheckpointManifest
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclass
+class TrainerState:
+    """Everything besides the weights that a resumed trainer needs to carry on as if never stopped."""
+
+    step: int  # optimizer steps taken; also the policy version of the weights
+    beta: float  # beta of the last step taken
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)  # for humans: what the run was started with
+
+
+def save_checkpoint(store: CheckpointStore, model, tokenizer, optimizer, scheduler,
+                    state: TrainerState) -> CheckpointManifest:
+    """Write model, tokenizer and trainer state into a temporary directory and commit it as ``state.step``."""
+    tmp = store.new_tmp_dir()
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer, scheduler, state)
+        return store.commit(tmp, version=state.step, step=state.step)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _save_trainer_state(directory: Path, optimizer, scheduler, state: TrainerState) -> None:
+    directory.mkdir()
+    sched = scheduler.state_dict()
+    sched["lr_lambdas"] = [None] * len(sched.get("lr_lambdas", []))  # the schedule comes from the settings
+    tensors = {"optimizer": optimizer.state_dict(), "scheduler": sched, "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(tensors, directory / OPTIMIZER_FILE)
+    payload = asdict(state) | {"python_rng": _jsonable(random.getstate())}
+    (directory / STATE_FILE).write_text(json.dumps(payload, default=str))
+
+
+def _jsonable(obj):
+    return [_jsonable(x) for x in obj] if isinstance(obj, tuple | list) else obj
+
+
+def _tupled(obj):
+    return tuple(_tupled(x) for x in obj) if isinstance(obj, list) else obj
+
+
+@dataclass
+class ResumePoint:
+    directory: Path
+    manifest: CheckpointManifest
+    state: TrainerState
+
+
+def find_resume_point(store: CheckpointStore) -> ResumePoint | None:
+    """The newest complete checkpoint that carries trainer state, re-published as LATEST if it was not yet.
+
+    A kill between the rename and the manifest write leaves the newest directory
+    complete but unannounced; it is still the newest state, so resume from it.
+    """
+    latest = store.read_manifest()
+    for version in reversed(store.versions()):
+        directory = store.step_dir(version)
+        try:
+            state = load_state(directory)
+            if latest is not None and latest.version == version:
+                store.verify(latest)
+                return ResumePoint(directory, latest, state)
+            manifest = CheckpointManifest(version=version, step=state.step, path=directory.name,
+                                          content_hash=content_hash(directory))
+            store.write_manifest(manifest)
+            return ResumePoint(directory, manifest, state)
+        except (CheckpointError, OSError, ValueError, KeyError) as err:
+            log.warning("checkpoint %s is not resumable (%s); trying an older one", directory.name, err)
+    return None
+
+
+def load_state(directory: Path) -> TrainerState:
+    payload = json.loads((directory / TRAINER_STATE_DIR / STATE_FILE).read_text())
+    if not (directory / TRAINER_STATE_DIR / OPTIMIZER_FILE).is_file():
+        raise CheckpointError(f"{directory} has no optimizer state")
+    payload.pop("python_rng", None)
+    return TrainerState(**payload)
+
+
+def restore_trainer_state(directory: Path, optimizer, scheduler) -> None:
+    """Load optimizer, scheduler and RNG states saved by :func:`save_checkpoint` into live objects."""
+    tensors = torch.load(directory / TRAINER_STATE_DIR / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(tensors["optimizer"])
+    scheduler.load_state_dict(tensors["scheduler"])
+    torch.set_rng_state(tensors["torch_rng"])
+    if "cuda_rng" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda_rng"])
+    payload = json.loads((directory / TRAINER_STATE_DIR / STATE_FILE).read_text())
+    if payload.get("python_rng"):
+        random.setstate(_tupled(payload["python_rng"]))
+
+
+class Announcer:
+    """Announces manifests on Redis; a failed announce is retried later instead of stopping training."""
+
+    def __init__(self, redis_client, keys) -> None:
+        self.redis = redis_client
+        self.keys = keys
+        self.pending: CheckpointManifest | None = None
+
+    def announce(self, manifest: CheckpointManifest) -> bool:
+        self.pending = manifest
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Try the pending announcement once; True when nothing is left pending."""
+        if self.pending is None:
+            return True
+        try:
+            announce(self.redis, self.keys, self.pending)
+        except Exception as err:  # redis-py raises several families (ConnectionError, TimeoutError, OSError)
+            log.warning("could not announce checkpoint v%d on Redis (%s); will retry", self.pending.version, err)
+            return False
+        log.info("announced checkpoint v%d (%s)", self.pending.version, self.pending.path)
+        self.pending = None
+        return True

@@ -1,0 +1,279 @@
+"""The trainer service: wait for the warm-up, then sample, step, report, and publish every k steps.
+
+Versions (ARCHITECTURE.md): the base model is version 0; after u optimizer
+steps the policy is version u, and the checkpoint published after step u
+carries version u (so k, 2k, ... in async mode, every step in sync mode). Each
+request to the buffer carries ``trainer_version = u`` so the buffer can compute
+staleness; sync mode also asks for ``only_version = u`` and waits for those
+samples (the on-policy baseline). A restart resumes from the newest complete
+checkpoint's state and continues numbering from there, so no version is reused.
+
+Stopping: ``max_steps`` reached or a stop request (SIGTERM) finishes the current
+step, publishes a final checkpoint if the newest step is unpublished, and
+returns 0. The buffer being unreachable is never fatal; a 4xx answer (our bug
+or a wrong token) stops the run with 1 after saving what was learned.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from pathlib import Path
+
+from services.trainer.batching import rows_from_batch
+from services.trainer.checkpoints import (
+    Announcer,
+    ResumePoint,
+    TrainerState,
+    find_resume_point,
+    restore_trainer_state,
+    save_checkpoint,
+)
+from services.trainer.client import BufferClient, BufferRequestError, StopRequested
+from services.trainer.learner import Learner
+from services.trainer.losses import BetaSchedule, make_loss
+from services.trainer.metrics import TrainerMetrics
+from services.trainer.optim import LRSchedule, build_optimizer
+from tba.checkpoints import CheckpointStore
+from tba.keys import Keys
+from tba.ops import HealthServer
+from tba.schemas import SampledBatch, SampleRequest
+from tba.settings import SettingsError, TrainerSettings
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """One trainer run. ``run()`` returns the process exit code."""
+
+    def __init__(self, settings: TrainerSettings, stop: threading.Event | None = None) -> None:
+        self.settings = settings
+        self.stop = stop or threading.Event()
+        self.k = 1 if settings.mode == "sync" else settings.checkpoint_every
+        self.store = CheckpointStore(settings.checkpoint_dir)
+        self.metrics = TrainerMetrics(metrics_file=settings.metrics_file, max_steps=settings.max_steps)
+        beta_end = settings.beta_end if settings.beta_end is not None else settings.beta_start
+        self.beta_schedule = BetaSchedule(settings.beta_start, beta_end, settings.beta_anneal_steps)
+        self.step = 0
+        self.published = 0  # newest published version (0: the base model)
+        self.beta = self.beta_schedule(1)
+        self.samples_seen = 0
+        self.tokens_seen = 0
+        self.health: HealthServer | None = None
+
+    # ---- set-up -------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Health server first (probes see "starting"), then the policy and optimizer, then the clients."""
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from tba.redis_client import sync_client
+
+        s = self.settings
+        hf_logging.disable_progress_bar()  # per-checkpoint progress bars would drown the step lines
+        if s.torch_threads:
+            torch.set_num_threads(s.torch_threads)
+        self.health = HealthServer(s.metrics_host, s.metrics_port, self.ready, self.metrics.registry,
+                                   status=self.status).start()
+        log.info("trainer health and metrics on http://%s:%d (/status, /metrics)", s.metrics_host, self.health.port)
+        if s.loss == "grpo" and s.mode == "async":
+            log.warning("loss=grpo is an on-policy estimator: in async mode it trains on stale samples "
+                        "without importance weights (use mode=sync for the on-policy baseline)")
+        resume = self.load_policy()
+        token = s.auth_token.get_secret_value() if s.auth_token else None
+        self.client = BufferClient(s.buffer_url, auth_token=token, timeout=s.request_timeout,
+                                   max_bytes=max(s.max_payload_bytes, 64 << 20), stop=self.stop)
+        redis_client = sync_client(s.redis_url, s.redis_cluster, timeout=5)
+        self.announcer = Announcer(redis_client, Keys(s.namespace))
+        self.metrics.set_version(self.published)
+        if resume:
+            self.announcer.announce(resume.manifest)  # it may never have been announced before the crash
+
+    def load_policy(self) -> ResumePoint | None:
+        """Model, optimizer and counters from the newest complete checkpoint, else the base model."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from tba.model.tokenizer import load_tokenizer
+
+        s = self.settings
+        resume = find_resume_point(self.store)
+        if resume is None and not (Path(s.model) / "config.json").is_file():
+            raise SettingsError(f"TBA_MODEL / --model: {s.model} holds no Hugging Face model (no config.json); "
+                                f"make one with `tba model init --out {s.model}`")
+        source = resume.directory if resume else s.model
+        self.tokenizer = load_tokenizer(source)
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(s.device)
+        schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction)
+        optimizer, scheduler = build_optimizer(model, s.lr, s.weight_decay, schedule)
+        if resume:
+            restore_trainer_state(resume.directory, optimizer, scheduler)
+            st = resume.state
+            self.step, self.published, self.beta = st.step, resume.manifest.version, st.beta
+            self.samples_seen, self.tokens_seen = st.samples_seen, st.tokens_seen
+            log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
+        else:
+            torch.manual_seed(s.seed)
+            random.seed(s.seed)
+            log.info("starting from the base model %s (version 0)", s.model)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.learner = Learner(model, optimizer, scheduler, make_loss(s.loss), temperature=s.temperature,
+                               pad_id=pad_id, token_budget=s.token_budget, grad_clip=s.grad_clip,
+                               compute_dtype=s.dtype)
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        return resume
+
+    def ready(self) -> tuple[bool, str]:
+        state = self.metrics.status()["state"]
+        if state in ("starting", "done"):
+            return False, f"trainer is {state}"
+        client = getattr(self, "client", None)
+        if client is not None and not client.reachable:
+            return False, f"buffer {self.settings.buffer_url} not reachable yet"
+        return True, f"trainer {state} at step {self.step}"
+
+    def status(self) -> dict:
+        out = self.metrics.status()
+        out.update(step=self.step, version=self.published, mode=self.settings.mode, loss_name=self.settings.loss,
+                   max_steps=self.settings.max_steps, samples_seen=self.samples_seen, tokens_seen=self.tokens_seen)
+        return out
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        code, clean = 0, True
+        try:
+            self.setup()
+            if not self.done():
+                self.wait_for_warmup()
+            while not self.done():
+                batch, wait_s = self.fetch()
+                self.train_on(batch, wait_s)
+                if self.step % self.k == 0:
+                    self.publish()
+        except StopRequested:
+            log.info("stop requested: saving and exiting")
+        except BufferRequestError as err:
+            log.error("the buffer refused our request, stopping: %s", err)
+            code = 1
+        except BaseException:
+            clean = False
+            raise
+        finally:
+            self.finish(publish=clean and hasattr(self, "learner"))
+        return code
+
+    def done(self) -> bool:
+        max_steps = self.settings.max_steps
+        return self.stop.is_set() or (max_steps is not None and self.step >= max_steps)
+
+    def wait_for_warmup(self) -> None:
+        """Block until the buffer holds ``warmup_samples`` samples (ALGORITHM.md §3, warm-up)."""
+        self.metrics.set_state("warmup")
+        need = self.settings.warmup_samples
+        start, last_log = time.monotonic(), 0.0
+        while need > 0:
+            have = int(self.client.stats().get("samples", 0))
+            self.metrics.set_buffer_failures(self.client.failures)
+            if have >= need:
+                break
+            if time.monotonic() - last_log > 10:
+                log.info("warm-up: the buffer holds %d of %d samples", have, need)
+                last_log = time.monotonic()
+            if self.stop.wait(self.settings.poll_seconds):
+                raise StopRequested
+        log.info("warm-up done after %.1f s", time.monotonic() - start)
+
+    def sample_request(self) -> SampleRequest:
+        s = self.settings
+        sync = s.mode == "sync"
+        return SampleRequest(
+            num_prompts=s.prompts_per_step, samples_per_prompt=s.samples_per_prompt, recency_prob=s.recency_prob,
+            reward_inv_temp=s.reward_inv_temp, trainer_version=self.step,
+            recent_versions=s.recent_versions or self.k, max_staleness=s.max_staleness,
+            only_version=self.step if sync else None,
+            seed=None if s.sample_seed is None else s.sample_seed + self.step,
+        )
+
+    def fetch(self) -> tuple[SampledBatch, float]:
+        """The next batch, waiting (state "waiting") while the buffer lacks eligible samples."""
+        request = self.sample_request()
+        start = time.monotonic()
+        while True:
+            self.announcer.flush()
+            batch = self.client.sample(request)
+            self.metrics.set_buffer_failures(self.client.failures)
+            if batch is not None:
+                wait_s = time.monotonic() - start
+                self.metrics.add_wait(wait_s)
+                return batch, wait_s
+            self.metrics.set_state("waiting")
+            if self.stop.wait(self.settings.poll_seconds):
+                raise StopRequested
+
+    def train_on(self, batch: SampledBatch, wait_s: float) -> None:
+        rows, problems = rows_from_batch(batch, self.vocab_size, self.max_length)
+        for problem in problems:
+            log.warning("dropped from the batch: %s", problem)
+        self.metrics.dropped_groups.inc(len(problems))
+        if not rows:
+            log.warning("the whole batch was invalid; sampling again")
+            return
+        self.metrics.set_state("training")
+        beta = self.beta_schedule(self.step + 1)
+        result = self.learner.step(rows, beta)
+        self.step += 1
+        self.beta = beta
+        self.samples_seen += result.samples
+        self.tokens_seen += result.tokens
+        self.metrics.record(self.step, beta, result, wait_s)
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    def publish(self, final: bool = False) -> None:
+        """Commit a checkpoint of version ``step``, announce it, prune old ones.
+
+        A failed write (disk full, say) is logged and retried at the next checkpoint, except the final one.
+        """
+        s = self.settings
+        start = time.perf_counter()
+        state = TrainerState(step=self.step, beta=self.beta, samples_seen=self.samples_seen,
+                             tokens_seen=self.tokens_seen,
+                             settings=s.model_dump(mode="json", exclude={"auth_token"}))
+        try:
+            manifest = save_checkpoint(self.store, self.learner.model, self.tokenizer, self.learner.optimizer,
+                                       self.learner.scheduler, state)
+        except OSError as err:
+            if final:
+                raise
+            log.error("could not write checkpoint v%d (%s); training goes on, next try in %d steps",
+                      self.step, err, self.k)
+            return
+        self.published = manifest.version
+        self.metrics.set_version(manifest.version)
+        self.announcer.announce(manifest)
+        deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds)
+        seconds = time.perf_counter() - start
+        self.metrics.checkpoint_seconds.observe(seconds)
+        log.info("published checkpoint v%d in %.2f s%s", manifest.version, seconds,
+                 f" (pruned {deleted})" if deleted else "")
+
+    def finish(self, publish: bool) -> None:
+        why = "stop requested" if self.stop.is_set() else "max_steps reached" if self.done() else "error"
+        log.info("stopping at step %d (%s)", self.step, why)
+        try:
+            if publish and self.step > self.published:
+                self.publish(final=True)
+            if hasattr(self, "announcer"):
+                self.announcer.flush()
+        finally:
+            self.metrics.set_state("done")
+            if hasattr(self, "client"):
+                self.client.close()
+            if self.health is not None:
+                self.health.stop()
+
+
+def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) -> int:
+    return Trainer(settings, stop).run()

@@ -1,0 +1,176 @@
+"""The checkpoint protocol between the trainer (writer) and the searchers (readers).
+
+Layout under the checkpoint root (one module builds every path)::
+
+    step-000120/            complete, immutable checkpoint (HF format)
+        model.safetensors config.json tokenizer.json generation_config.json ...
+        trainer/            the trainer's own resume state (not hashed, not read by searchers)
+    LATEST                  JSON manifest of the newest complete checkpoint
+    .tmp-...                work in progress: never read
+
+Publishing: write everything into a ``.tmp-`` directory, fsync it, rename it to
+``step-NNNNNN``, then atomically replace ``LATEST``, then announce the manifest
+on Redis (pub/sub plus a key holding the newest). Readers trust only a manifest,
+and verify the directory's content hash before loading, so a half-written
+checkpoint is never visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from tba.codec import PayloadError
+from tba.schemas import CheckpointManifest
+
+MANIFEST_NAME = "LATEST"
+STEP_PREFIX = "step-"
+TMP_PREFIX = ".tmp-"
+TRAINER_STATE_DIR = "trainer"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that must not be loaded (missing, incomplete, or tampered with)."""
+
+
+def step_name(version: int) -> str:
+    return f"{STEP_PREFIX}{version:06d}"
+
+
+def content_hash(directory: Path) -> str:
+    """sha256 over the names and bytes of the top-level files (the model the searchers load)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        h.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            _fsync_path(Path(root) / name)
+        _fsync_path(Path(root))
+
+
+class CheckpointStore:
+    """Every path under the checkpoint root, and the atomic operations on them."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST_NAME
+
+    def step_dir(self, version: int) -> Path:
+        return self.root / step_name(version)
+
+    def resolve(self, manifest: CheckpointManifest) -> Path:
+        # The manifest may come from Redis: it names a directory of the root, never a path out of it.
+        if manifest.path in (".", "..") or Path(manifest.path).name != manifest.path:
+            raise CheckpointError(f"manifest path {manifest.path!r} is not a checkpoint directory name")
+        return self.root / manifest.path
+
+    def new_tmp_dir(self) -> Path:
+        """A fresh work directory on the same filesystem as the root (so rename is atomic)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, tmp_dir: Path, version: int, step: int) -> CheckpointManifest:
+        """fsync ``tmp_dir``, rename it to ``step-NNNNNN``, then replace LATEST; return the manifest."""
+        final = self.step_dir(version)
+        if final.exists():
+            raise CheckpointError(f"{final} already exists: a version number is never reused")
+        manifest = CheckpointManifest(
+            version=version, step=step, path=final.name, content_hash=content_hash(tmp_dir), created_at=time.time()
+        )
+        _fsync_tree(tmp_dir)
+        os.rename(tmp_dir, final)
+        _fsync_path(self.root)
+        self.write_manifest(manifest)
+        return manifest
+
+    def write_manifest(self, manifest: CheckpointManifest) -> None:
+        tmp = self.root / f"{TMP_PREFIX}{MANIFEST_NAME}-{uuid.uuid4().hex}"
+        tmp.write_text(manifest.model_dump_json())
+        _fsync_path(tmp)
+        os.replace(tmp, self.manifest_path)
+        _fsync_path(self.root)
+
+    def read_manifest(self) -> CheckpointManifest | None:
+        """The newest published manifest, or None if nothing was published yet."""
+        try:
+            return parse_manifest(self.manifest_path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def verify(self, manifest: CheckpointManifest) -> Path:
+        """The checkpoint directory if it is complete and matches its hash; else CheckpointError."""
+        directory = self.resolve(manifest)
+        if not directory.is_dir():
+            raise CheckpointError(f"checkpoint directory {directory} is missing")
+        actual = content_hash(directory)
+        if actual != manifest.content_hash:
+            raise CheckpointError(f"{directory}: content hash {actual[:12]} != manifest {manifest.content_hash[:12]}")
+        return directory
+
+    def versions(self) -> list[int]:
+        """Versions of the complete (renamed) checkpoints on disk, oldest first."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX):].isdigit():
+                out.append(int(p.name[len(STEP_PREFIX):]))
+        return sorted(out)
+
+    def prune(self, keep: int, grace_seconds: float, now: float | None = None) -> list[int]:
+        """Delete all but the newest ``keep`` checkpoints, sparing any younger than the grace period,
+        and leftover temporary directories of a crashed writer. Returns the deleted versions."""
+        now = time.time() if now is None else now
+        latest = self.read_manifest()
+        deleted = []
+        for version in self.versions()[:-keep] if keep else self.versions():
+            path = self.step_dir(version)
+            if latest is not None and version == latest.version:
+                continue
+            if now - path.stat().st_mtime < grace_seconds:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(version)
+        for p in self.root.glob(f"{TMP_PREFIX}*"):
+            if now - p.stat().st_mtime >= grace_seconds:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        return deleted
+
+
+def parse_manifest(data: bytes | str) -> CheckpointManifest:
+    try:
+        return CheckpointManifest.model_validate_json(data)
+    except ValueError as err:
+        raise PayloadError(f"bad checkpoint manifest: {err}") from None
+
+
+def announce(redis_client, keys, manifest: CheckpointManifest) -> None:
+    """Tell searchers: the key first (late joiners read it), then pub/sub (live ones wake up)."""
+    payload = manifest.model_dump_json()
+    redis_client.set(keys.latest_manifest, payload)  # two calls, not a MULTI: a cluster serves both
+    redis_client.publish(keys.checkpoint_channel, payload)

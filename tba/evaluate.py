@@ -1,0 +1,244 @@
+"""``tba eval``: how good is a model on a task's held-out prompts.
+
+Three figures, all on the fixed held-out set (``Task.eval_prompts``), which no
+searcher ever trains on:
+
+- pass@1 (greedy): fraction of prompts whose greedy completion is correct;
+- pass@k (sampled at temperature T): the unbiased estimator of Chen et al.
+  2021 (arXiv 2107.03374) from n samples per prompt, c of them correct,
+  ``1 - C(n-c, k) / C(n, k)``;
+- for multi-answer tasks (countdown), the mean number of distinct correct
+  answers (``Task.answer_key``) among the n samples of a prompt.
+
+A completion is correct when its reward is positive (binary tasks: reward 1).
+Decoding is transformers with a KV cache (:mod:`tba.model.generate`), so SFT,
+this command and the end-to-end report evaluate in-process without a vLLM
+engine. :func:`evaluate_checkpoint` is the entry point for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HELP = "Evaluate a model or checkpoint on a task's held-out prompts: greedy pass@1, pass@k, distinct answers."
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A model directory (has config.json) as is; a checkpoint root through its verified LATEST manifest."""
+    from tba.checkpoints import CheckpointStore
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    store = CheckpointStore(path)
+    manifest = store.read_manifest()
+    if manifest is None:
+        raise ValueError(f"{path} is neither a model directory (no config.json) nor a checkpoint root (no LATEST)")
+    return store.verify(manifest)
+
+
+def load_model(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) of a Hugging Face directory, fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tba.model.tokenizer import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    return model, load_tokenizer(model_dir)
+
+
+def complete(model: Any, tokenizer: Any, texts: Sequence[str], *, max_new_tokens: int = 16,
+             temperature: float = 0.0, seed: int | None = None) -> list[str]:
+    """Completion texts (EOS removed) of prompt texts; greedy when ``temperature`` is 0."""
+    from tba.model.generate import generate, strip_eos
+    from tba.model.tokenizer import encode_prompt
+
+    eos = tokenizer.eos_token_id
+    ids = generate(model, [encode_prompt(tokenizer, t) for t in texts], max_new_tokens=max_new_tokens,
+                   eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, seed=seed)
+    return [tokenizer.decode(strip_eos(c, eos), skip_special_tokens=True) for c in ids]
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], max_new_tokens: int = 16) -> float:
+    """pass@1 with greedy decoding: the figure SFT stops on and the end-to-end run reports."""
+    if not prompts:
+        raise ValueError("no evaluation prompts")
+    texts = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens)
+    return sum(task.reward(p, t) > 0 for p, t in zip(prompts, texts, strict=True)) / len(prompts)
+
+
+def score_samples(task: Any, prompts: Sequence[Any], completions: Sequence[Sequence[str]],
+                  ks: Sequence[int]) -> dict[str, Any]:
+    """pass@k, mean reward and distinct correct answers from n sampled completions per prompt."""
+    pass_k = {k: 0.0 for k in ks}
+    reward_sum, n_total, distinct = 0.0, 0, []
+    for prompt, group in zip(prompts, completions, strict=True):
+        rewards = task.rewards(prompt, list(group))
+        reward_sum, n_total = reward_sum + sum(rewards), n_total + len(group)
+        correct = [t for t, r in zip(group, rewards, strict=True) if r > 0]
+        for k in ks:
+            pass_k[k] += pass_at_k(len(group), len(correct), k)
+        if task.multi_answer:
+            distinct.append(len({task.answer_key(prompt, t) for t in correct} - {None}))
+    n = len(prompts)
+    return {
+        "pass_at_k": {str(k): v / n for k, v in pass_k.items()},
+        "sampled_reward": reward_sum / n_total,
+        "distinct_correct": sum(distinct) / n if task.multi_answer else None,
+    }
+
+
+def _sampled_metrics(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], samples: int,
+                     ks: Sequence[int], temperature: float, max_new_tokens: int, seed: int) -> dict[str, Any]:
+    texts = complete(model, tokenizer, [p.text for p in prompts for _ in range(samples)],
+                     max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    groups = [texts[i * samples:(i + 1) * samples] for i in range(len(prompts))]
+    return score_samples(task, prompts, groups, ks)
+
+
+def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 200, samples: int = 16,
+                   pass_k: Sequence[int] = (1, 4, 16), temperature: float = 0.7, max_new_tokens: int = 16,
+                   seed: int = 0) -> dict[str, Any]:
+    """Every figure of this module for a loaded model; ``samples=0`` measures greedy pass@1 only."""
+    ks = sorted(set(pass_k))
+    if samples and any(not 1 <= k <= samples for k in ks):
+        raise ValueError(f"every pass@k needs 1 <= k <= samples ({samples}), got {ks}")
+    prompts = task.eval_prompts(n_prompts)
+    if not prompts:
+        raise ValueError(f"task {task.name!r} has no held-out prompts")
+    start = time.monotonic()
+    greedy = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens)
+    greedy_rewards = [task.rewards(p, [t])[0] for p, t in zip(prompts, greedy, strict=True)]
+    out: dict[str, Any] = {
+        "task": task.name,
+        "n_prompts": len(prompts),
+        "greedy_accuracy": sum(r > 0 for r in greedy_rewards) / len(prompts),
+        "greedy_reward": sum(greedy_rewards) / len(prompts),
+        "samples": samples,
+        "temperature": temperature,
+        "pass_at_k": {},
+        "sampled_reward": None,
+        "distinct_correct": None,
+        "examples": [{"prompt": p.text, "greedy": t} for p, t in zip(prompts[:3], greedy[:3], strict=True)],
+    }
+    if samples:
+        out.update(_sampled_metrics(model, tokenizer, task, prompts, samples, ks, temperature, max_new_tokens, seed))
+    out["eval_seconds"] = round(time.monotonic() - start, 3)
+    return out
+
+
+def evaluate_checkpoint(model_dir: str | Path, task: Any, n_prompts: int = 200, *,
+                        task_options: dict[str, Any] | None = None, device: str = "cpu", threads: int = 0,
+                        **kwargs: Any) -> dict[str, Any]:
+    """Load ``model_dir`` (a model directory or a checkpoint root) and evaluate it on ``task``.
+
+    ``task`` is a :class:`~tba.tasks.Task` or a registered name (with ``task_options``);
+    ``threads`` torch CPU threads (0: the idle cores); ``kwargs`` go to :func:`evaluate_model`
+    (samples, pass_k, temperature, max_new_tokens, seed).
+    """
+    from tba.model.threads import torch_threads
+    from tba.tasks import make_task
+
+    if isinstance(task, str):
+        task = make_task(task, task_options)
+    directory = resolve_model_dir(model_dir)
+    with torch_threads(threads):
+        model, tokenizer = load_model(directory, device)
+        result = evaluate_model(model, tokenizer, task, n_prompts=n_prompts, **kwargs)
+    return {"model": str(directory), **result}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The result as a small table for people."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("pass@1 (greedy)", f"{result['greedy_accuracy']:.1%}")
+    for k, v in result["pass_at_k"].items():
+        table.add_row(f"pass@{k} (n={result['samples']}, T={result['temperature']})", f"{v:.1%}")
+    if result["sampled_reward"] is not None:
+        table.add_row("mean sampled reward", f"{result['sampled_reward']:.3f}")
+    if result["distinct_correct"] is not None:
+        table.add_row(f"distinct correct answers / prompt (of {result['samples']})",
+                      f"{result['distinct_correct']:.2f}")
+    table.add_row("seconds", f"{result['eval_seconds']:.1f}")
+    buf = StringIO()
+    console = Console(file=buf, width=100)
+    console.print(f"{result['task']}: {result['n_prompts']} held-out prompts, model {result.get('model', '?')}",
+                  soft_wrap=True, highlight=False)
+    console.print(table)
+    return buf.getvalue()
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pass-k must be comma-separated integers, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"--pass-k values must be >= 1, got {text!r}")
+    return ks
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", type=Path, help="Model directory, or checkpoint root (its LATEST is used).")
+    parser.add_argument("--task", default="arithmetic", help="Task name (arithmetic, countdown, gsm8k, reward-model).")
+    parser.add_argument("--task-options", default="{}", help="Task options as JSON, e.g. '{\"digits\": 2}'.")
+    parser.add_argument("--n-prompts", type=int, default=200, help="Held-out prompts to evaluate.")
+    parser.add_argument("--samples", type=int, default=16, help="n: samples per prompt for pass@k (0: greedy only).")
+    parser.add_argument("--pass-k", type=_ks, default=[1, 4, 16], help="k values of pass@k, comma-separated.")
+    parser.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature T.")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="Largest completion length.")
+    parser.add_argument("--seed", type=int, default=0, help="Sampling seed.")
+    parser.add_argument("--threads", type=int, default=0, help="Torch CPU threads (0: the idle cores).")
+    parser.add_argument("--json", action="store_true", help="Print the result as JSON (for scripts).")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        options = json.loads(args.task_options)
+    except ValueError:
+        print(f"tba eval: --task-options is not valid JSON: {args.task_options!r}", file=sys.stderr)
+        return 2
+    if args.n_prompts < 1 or args.samples < 0 or args.temperature <= 0 or args.max_new_tokens < 1:
+        print("tba eval: need --n-prompts >= 1, --samples >= 0, --temperature > 0, --max-new-tokens >= 1",
+              file=sys.stderr)
+        return 2
+    ks = [k for k in args.pass_k if k <= args.samples] if args.samples else []
+    if args.samples and len(ks) < len(args.pass_k):
+        print(f"tba eval: dropping pass@k with k > --samples ({args.samples})", file=sys.stderr)
+    from tba.checkpoints import CheckpointError
+    from tba.tasks import make_task
+
+    try:
+        task = make_task(args.task, options)
+        result = evaluate_checkpoint(args.checkpoint, task, args.n_prompts, samples=args.samples, pass_k=ks,
+                                     temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                     seed=args.seed, threads=args.threads)
+    except (ValueError, OSError, CheckpointError) as err:
+        print(f"tba eval: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0

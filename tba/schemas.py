@@ -1,0 +1,157 @@
+"""Wire schemas shared by every service: the one place a field is declared.
+
+A searcher publishes :class:`ScoredGroup` to the trajectory stream; the buffer
+stores it and serves :class:`SampledBatch` in answer to :class:`SampleRequest`;
+the trainer announces :class:`CheckpointManifest`. Every model rejects what the
+loss could not survive (NaN rewards, empty groups, token ids outside the
+vocabulary, per-token arrays of the wrong length) with an error naming the field.
+
+Token ids are checked against the vocabulary when the caller passes it as
+validation context: ``ScoredGroup.model_validate(obj, context={"vocab_size": V})``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value!r}")
+    return value
+
+
+FiniteFloat = Annotated[float, AfterValidator(_finite)]
+FinishReason = Literal["stop", "length", "abort"]
+
+
+def _check_token_ids(ids: list[int], info: ValidationInfo) -> list[int]:
+    vocab_size = (info.context or {}).get("vocab_size")
+    for i, tok in enumerate(ids):
+        if tok < 0:
+            raise ValueError(f"token id at position {i} is negative ({tok})")
+        if vocab_size is not None and tok >= vocab_size:
+            raise ValueError(f"token id at position {i} is {tok}, beyond the vocabulary size {vocab_size}")
+    return ids
+
+
+TokenIds = Annotated[list[int], AfterValidator(_check_token_ids)]
+
+
+class _Strict(BaseModel):
+    """Unknown fields are errors: a typo on the wire must not pass silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class _Versioned(_Strict):
+    schema_version: int = Field(SCHEMA_VERSION, description="Wire schema version of this message.")
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v not in SUPPORTED_SCHEMA_VERSIONS:
+            raise ValueError(f"unknown schema version {v}; this build reads {sorted(SUPPORTED_SCHEMA_VERSIONS)}")
+        return v
+
+
+class ScoredSample(_Strict):
+    """One completion of a prompt, scored by the task and the reference model."""
+
+    completion_ids: TokenIds = Field(min_length=1, description="Completion token ids (EOS included if emitted).")
+    completion_text: str = Field("", description="Decoded completion, for humans and rewards.")
+    reward: FiniteFloat = Field(description="Task reward r(x, y).")
+    logprob_sum: FiniteFloat = Field(description="Behaviour policy log-prob sum, tempered logits.")
+    ref_logprob_sum: FiniteFloat = Field(description="Reference model log-prob sum, tempered logits.")
+    finish_reason: FinishReason = Field("stop", description="Why generation ended.")
+    token_logprobs: list[FiniteFloat] | None = Field(None, description="Per-token behaviour log-probs, if asked.")
+
+    @model_validator(mode="after")
+    def _lengths_match(self) -> ScoredSample:
+        if self.token_logprobs is not None and len(self.token_logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"token_logprobs has {len(self.token_logprobs)} entries "
+                f"but completion_ids has {len(self.completion_ids)}"
+            )
+        return self
+
+
+class ScoredGroup(_Versioned):
+    """All completions one searcher drew for one prompt with one policy version."""
+
+    group_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128,
+                          description="Unique id: a resent group is stored once.")
+    prompt_id: str = Field(min_length=1, max_length=256, description="Stable id of the prompt within its task.")
+    prompt_text: str = Field(description="Prompt as text.")
+    prompt_ids: TokenIds = Field(min_length=1, description="Prompt token ids, exactly as the policy saw them.")
+    task: str = Field(min_length=1, description="Task name the prompt and reward come from.")
+    policy_version: int = Field(ge=0, description="Trainer version of the weights that generated the samples.")
+    searcher_id: str = Field(min_length=1, description="Searcher replica that produced the group.")
+    created_at: float = Field(default_factory=time.time, description="Unix time of creation.")
+    samples: list[ScoredSample] = Field(min_length=1, description="The scored completions (at least one).")
+
+
+class SampleRequest(_Strict):
+    """Body of ``POST /v1/sample``: how many prompts and samples, and the rule's knobs."""
+
+    num_prompts: int = Field(ge=1, le=4096, description="P: prompts in the batch.")
+    samples_per_prompt: int = Field(ge=1, le=4096, description="K: samples per prompt.")
+    recency_prob: float = Field(0.5, ge=0.0, le=1.0, description="m: probability of the recency branch per slot.")
+    reward_inv_temp: float = Field(0.0, ge=0.0, le=1e6, description="Inverse temperature of the reward softmax.")
+    trainer_version: int = Field(ge=0, description="The caller's policy version, to compute staleness.")
+    recent_versions: int = Field(1, ge=1, description="Versions counted as 'since the last sync' (recency).")
+    max_staleness: int | None = Field(None, ge=0, description="Drop samples older than this many versions.")
+    only_version: int | None = Field(None, ge=0, description="Serve only samples of this exact version (sync mode).")
+    seed: int | None = Field(None, description="Seed for a reproducible draw (tests).")
+
+
+class SampledSample(_Strict):
+    completion_ids: list[int]
+    reward: float
+    logprob_sum: float
+    ref_logprob_sum: float
+    version: int = Field(description="Policy version that generated the sample.")
+    staleness: int = Field(description="trainer_version - version.")
+    finish_reason: FinishReason = "stop"
+
+
+class SampledGroup(_Strict):
+    prompt_id: str
+    prompt_ids: list[int]
+    prompt_text: str = ""
+    task: str = ""
+    branch: Literal["recency", "reward"]
+    samples: list[SampledSample]
+
+
+class SampledBatch(_Versioned):
+    """Answer of ``POST /v1/sample``: P groups of exactly K samples each."""
+
+    trainer_version: int
+    groups: list[SampledGroup]
+
+
+class CheckpointManifest(_Versioned):
+    """What the trainer announces; readers trust a checkpoint only through it."""
+
+    version: int = Field(ge=0, description="Policy version the weights carry (trainer step).")
+    step: int = Field(ge=0, description="Optimizer step at which the checkpoint was taken.")
+    path: str = Field(min_length=1, description="Checkpoint directory, relative to the checkpoint root.")
+    content_hash: str = Field(min_length=64, max_length=64, description="sha256 over the directory's files.")
+    created_at: float = Field(default_factory=time.time)

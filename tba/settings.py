@@ -1,0 +1,219 @@
+"""Settings of every service: environment variables ``TBA_*`` and matching CLI flags.
+
+One base (:class:`CommonSettings`) holds what every service reads; each service
+derives its own. Every field has a one-line description: it is the ``--help``
+text and the README table. A bad value stops start-up with a message naming the
+variable (:class:`SettingsError`). This module imports no ML library, so
+``tba --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
+
+ENV_PREFIX = "TBA_"
+S = TypeVar("S", bound="CommonSettings")
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message names the variable and the flag."""
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (redis:// or rediss://).")
+    redis_cluster: bool = Field(False, description="Redis is a Redis Cluster; redis_url names any of its nodes.")
+    namespace: str = Field("tba", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key.")
+    auth_token: SecretStr | None = Field(None, description="Shared bearer token for writes and sampling.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    log_json: bool = Field(False, description="Structured JSON logs instead of console lines.")
+    max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted message in bytes.")
+    task: str = Field("arithmetic", description="Task name (arithmetic, countdown, gsm8k, reward-model).")
+    task_options: dict[str, Any] = Field(default_factory=dict,
+                                         description="Task options as JSON, e.g. {\"digits\": 2}.")
+    temperature: float = Field(0.7, gt=0.0, le=10.0, description="Sampling temperature T; log-probs use logits/T.")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return v
+
+
+class BufferSettings(CommonSettings):
+    host: str = Field("127.0.0.1", description="Address the buffer's HTTP server binds.")
+    port: int = Field(8400, ge=0, le=65535, description="Port of the buffer's HTTP server.")
+    consumer_name: str = Field(default_factory=socket.gethostname, description="This replica's consumer name.")
+    per_prompt_capacity: int = Field(100, ge=1, description="Samples kept per prompt (oldest version evicted).")
+    global_capacity: int = Field(1_000_000, ge=1, description="Samples kept in all (oldest evicted).")
+    ingest_batch: int = Field(256, ge=1, le=10_000, description="Stream entries read per XREADGROUP call.")
+    claim_idle_ms: int = Field(30_000, ge=100, description="Reclaim entries of a consumer idle this long (ms).")
+    ingest_enabled: bool = Field(True, description="Consume the trajectory stream (off: an HTTP-only replica).")
+    ingest_block_ms: int = Field(1000, ge=1, le=60_000, description="Longest wait of one XREADGROUP call (ms).")
+    trim_interval_seconds: float = Field(5.0, gt=0.0, description="How often acknowledged stream entries are trimmed.")
+    dedup_window_seconds: float = Field(7 * 86400.0, gt=0.0,
+                                        description="How long a group id is remembered to refuse a resent group.")
+    dead_letter_maxlen: int = Field(100_000, ge=1, description="Dead-letter stream length kept (oldest trimmed).")
+    dead_letter_payload_bytes: int = Field(65_536, ge=0, description="Bytes of a bad payload kept in its dead letter.")
+
+
+class ModelSettings(CommonSettings):
+    """What the trainer and the searchers share about the policy model."""
+
+    model: Path = Field(Path("models/base"), description="Base (and reference) model directory, HF format.")
+    checkpoint_dir: Path = Field(Path("checkpoints"), description="Shared directory of published checkpoints.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype (bf16 on GPUs).")
+    seed: int = Field(0, description="Random seed.")
+    metrics_host: str = Field("127.0.0.1", description="Address of the health/metrics HTTP server.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Port of the health/metrics server (0: any free).")
+
+
+class TrainerSettings(ModelSettings):
+    buffer_url: str = Field("http://127.0.0.1:8400", description="Base URL of the buffer service.")
+    device: str = Field("cpu", description="Torch device (cpu, cuda, cuda:0).")
+    torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0: torch's default).")
+    loss: Literal["tb", "grpo"] = Field("tb", description="Loss: tb (Trajectory Balance) or grpo (on-policy baseline).")
+    mode: Literal["async", "sync"] = Field(
+        "async", description="async: off-policy replay; sync: current version only, a checkpoint every step.")
+    prompts_per_step: int = Field(8, ge=1, description="P: prompts per optimizer step.")
+    samples_per_prompt: int = Field(8, ge=2, description="K: samples per prompt (log Z needs at least 2).")
+    recency_prob: float = Field(0.95, ge=0.0, le=1.0, description="m: probability of the recency branch.")
+    reward_inv_temp: float = Field(0.0, ge=0.0, description="Inverse temperature of the reward branch.")
+    max_staleness: int | None = Field(None, ge=0, description="Ignore samples older than this many versions.")
+    recent_versions: int | None = Field(
+        None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k).")
+    lr: float = Field(3e-5, gt=0.0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    lr_schedule: Literal["constant", "linear", "wsd"] = Field("constant", description="LR schedule after warmup.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
+    lr_decay_fraction: float = Field(0.1, gt=0.0, le=1.0, description="wsd: final fraction of max_steps that decays.")
+    beta_start: float = Field(0.05, gt=0.0, description="KL coefficient beta at step 1.")
+    beta_end: float | None = Field(
+        None, gt=0.0, description="KL coefficient beta after the anneal (unset: beta_start).",
+    )
+    beta_anneal_steps: int = Field(0, ge=0, description="Steps of the linear beta anneal (0: constant).")
+    grad_clip: float | None = Field(1.0, gt=0.0, description="Gradient-norm clip (unset: none).")
+    token_budget: int = Field(16384, ge=64, description="Padded tokens per micro-batch (gradient accumulation).")
+    checkpoint_every: int = Field(2, ge=1, description="k: publish a checkpoint every k steps (sync mode: 1).")
+    keep_checkpoints: int = Field(3, ge=1, description="Published checkpoints kept on disk.")
+    checkpoint_grace_seconds: float = Field(60.0, ge=0.0, description="Never delete a checkpoint younger than this.")
+    warmup_samples: int = Field(64, ge=0, description="Samples the buffer must hold before training starts.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (unset: run forever).")
+    poll_seconds: float = Field(0.5, gt=0.0, le=60.0, description="Wait between checks while the buffer lacks data.")
+    request_timeout: float = Field(30.0, gt=0.0, description="Timeout of one buffer HTTP request in seconds.")
+    metrics_file: Path | None = Field(None, description="Append one JSON line of metrics per step to this file.")
+    sample_seed: int | None = Field(None, description="Seed the buffer's draws with this + step (reproducible runs).")
+
+    @model_validator(mode="after")
+    def _trainer_cross_checks(self) -> TrainerSettings:
+        if self.beta_anneal_steps == 0 and self.beta_end is not None and self.beta_end != self.beta_start:
+            raise ValueError(
+                f"TBA_BETA_END ({self.beta_end}) differs from TBA_BETA_START ({self.beta_start}) but "
+                "TBA_BETA_ANNEAL_STEPS is 0: set the anneal length, or leave TBA_BETA_END unset")
+        if self.lr_schedule != "constant" and self.max_steps is None:
+            raise ValueError(
+                f"TBA_LR_SCHEDULE={self.lr_schedule} decays towards TBA_MAX_STEPS, which is unset: "
+                "set TBA_MAX_STEPS or use TBA_LR_SCHEDULE=constant")
+        if self.max_steps is not None and self.lr_warmup_steps > self.max_steps:
+            raise ValueError(
+                f"TBA_LR_WARMUP_STEPS ({self.lr_warmup_steps}) exceeds TBA_MAX_STEPS ({self.max_steps})")
+        return self
+
+
+class SearcherSettings(ModelSettings):
+    searcher_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+                             description="This replica's id (also seeds its prompt stream).")
+    samples_per_prompt: int = Field(8, ge=1, description="S: completions per prompt.")
+    prompts_per_batch: int = Field(16, ge=1, description="Prompts per generation batch.")
+    max_new_tokens: int = Field(16, ge=1, description="Largest completion length.")
+    max_model_len: int = Field(128, ge=16, description="vLLM max model length.")
+    kv_cache_gib: float = Field(1.0, gt=0.0, description="vLLM CPU KV-cache space in GiB.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel size.")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="vLLM GPU memory fraction.")
+    spill_dir: Path = Field(Path("spill"), description="On-disk queue for groups Redis could not take.")
+    spill_max_bytes: int = Field(1 << 30, ge=1024, description="Spill queue bound in bytes.")
+    reload_poll_seconds: float = Field(5.0, gt=0.0, description="Fallback check of the latest manifest.")
+    max_batches_per_version: int | None = Field(
+        None, ge=1, description="Pause generation after this many batches with one policy version until a newer "
+        "checkpoint arrives (unset: never, the paper's free-running searchers; set it where searchers and the "
+        "trainer share cores).")
+    pace_max_wait_seconds: float = Field(30.0, gt=0.0, description="Longest pause of a paced searcher before it "
+                                         "generates one more batch anyway.")
+    enforce_eager: bool | None = Field(None, description="vLLM eager mode (unset: on for the CPU, off on GPUs).")
+    worker_spin_seconds: float = Field(0.01, ge=0.0, le=10.0, description="CPU hosts: how long an idle vLLM "
+                                       "worker spins before it sleeps (vLLM's own: 1 s, taken from other services).")
+    ref_device: str = Field("cpu", description="Torch device of the transformers reference pass (cpu, cuda, cuda:0).")
+    ref_token_budget: int = Field(16384, ge=64, description="Tokens per transformers reference forward pass.")
+    ref_reuse_at_base: bool = Field(True, description="While the engine serves the base weights, reuse its "
+                                    "log-probs as the reference ones (same model) instead of a second pass.")
+    ref_threads: int | None = Field(None, ge=1, description="Torch threads of the transformers reference pass "
+                                    "(unset: 1 on the CPU, the core vLLM reserves beside its worker's).")
+    ref_backend: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="Reference log-prob pass: vllm (a second engine on a temperature-scaled copy of "
+        "the base model), transformers (a forward pass on TBA_REF_DEVICE); auto: vllm on CPU hosts, "
+        "transformers on GPU hosts.")
+    ref_cpu_bind: str | None = Field(None, description="CPU cores of the vllm reference engine's worker, in "
+                                     "VLLM_CPU_OMP_THREADS_BIND form (unset: the core vLLM's automatic binding "
+                                     "leaves beside the generation worker, or VLLM_CPU_OMP_THREADS_BIND if set).")
+    ref_gpu_memory_utilization: float = Field(0.1, gt=0.0, le=1.0, description="GPU memory fraction of the vllm "
+                                              "reference engine (beside TBA_GPU_MEMORY_UTILIZATION).")
+    ref_cache_dir: Path | None = Field(None, description="Where the vllm reference backend writes its "
+                                       "temperature-scaled copy of the base model (unset: <tmpdir>/tba-reference).")
+    per_token_logprobs: bool = Field(False, description="Also publish per-token behaviour log-probs.")
+    redis_timeout_seconds: float = Field(2.0, gt=0.0, description="Redis socket timeout (slower: unreachable).")
+    flush_timeout_seconds: float = Field(30.0, ge=0.0, description="Time to publish spilled groups at shutdown.")
+    max_batches: int | None = Field(None, ge=1, description="Stop after this many batches (unset: run forever).")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[CommonSettings]) -> None:
+    """One ``--flag`` per settings field; the env variable is named in its help."""
+    group = parser.add_argument_group("settings (flag or environment variable)")
+    for name, field in cls.model_fields.items():
+        default = field.get_default(call_default_factory=False)
+        shown = "(secret)" if name == "auth_token" else default
+        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
+        group.add_argument(_flag(name), dest=f"setting__{name}", default=None, metavar="VALUE", help=help_text)
+
+
+def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overrides: Any) -> S:
+    """Build settings from env, then CLI flags, then keyword overrides; explain any bad value."""
+    values: dict[str, Any] = {}
+    if args is not None:
+        for key, val in vars(args).items():
+            if key.startswith("setting__") and val is not None:
+                name = key.removeprefix("setting__")
+                if name == "task_options":
+                    try:
+                        val = json.loads(val)
+                    except ValueError:
+                        raise SettingsError(f"--task-options: not valid JSON ({val!r})") from None
+                values[name] = val
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return cls(**values)
+    except SourceError as err:  # a JSON-valued variable (e.g. TBA_TASK_OPTIONS) that does not parse
+        name = next((n for n in cls.model_fields if f'"{n}"' in str(err)), "")
+        where = f"{ENV_PREFIX}{name.upper()} / {_flag(name)}" if name else "environment"
+        raise SettingsError(f"invalid configuration:\n  {where}: not valid JSON ({err.__cause__})") from None
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            name = str(e["loc"][0]) if e["loc"] else ""
+            where = f"{ENV_PREFIX}{name.upper()} / {_flag(name)}" if name else "settings"
+            lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None

@@ -1,0 +1,50 @@
+"""The README's settings table, generated from the settings classes (``python -m tba.settings_doc``).
+
+A test compares the README with this output, so the table cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from tba.settings import ENV_PREFIX, BufferSettings, CommonSettings, SearcherSettings, TrainerSettings
+
+START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
+SERVICES = {"buffer": BufferSettings, "trainer": TrainerSettings, "searcher": SearcherSettings}
+
+
+def table() -> str:
+    rows = ["| variable | used by | default | description |", "|---|---|---|---|"]
+    names: list[str] = list(CommonSettings.model_fields)
+    for cls in SERVICES.values():
+        names += [n for n in cls.model_fields if n not in names]
+    for name in names:
+        users = [svc for svc, cls in SERVICES.items() if name in cls.model_fields]
+        cls = next(c for c in SERVICES.values() if name in c.model_fields)
+        field = cls.model_fields[name]
+        default = field.get_default(call_default_factory=False)
+        if field.default_factory is dict:
+            shown = "`{}`"
+        elif field.default_factory is not None:  # derived from the host or process (ids)
+            shown = "(per host)"
+        else:
+            shown = "unset" if default is None else f"`{default}`"
+        who = "all" if len(users) == len(SERVICES) else ", ".join(users)
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {who} | {shown} | {field.description} |")
+    return "\n".join(rows)
+
+
+def update_readme(path: Path) -> bool:
+    """Rewrite the table between the markers; return True if the file changed."""
+    text = path.read_text()
+    new = re.sub(f"{re.escape(START)}.*?{re.escape(END)}", f"{START}\n{table()}\n{END}", text, flags=re.S)
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    changed = update_readme(Path(sys.argv[1] if len(sys.argv) > 1 else "README.md"))
+    print("README settings table", "updated" if changed else "up to date")

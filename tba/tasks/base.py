@@ -1,0 +1,107 @@
+"""The task contract: a prompt source plus a reward function, registered by name.
+
+A task hands out training prompts as an endless seeded stream (each searcher
+replica seeds it differently, so replicas explore different prompts), a fixed
+held-out evaluation set disjoint from training, and supervised examples for the
+warm-up. Rewards are pure functions of the prompt and the completion text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    text: str
+    answer: str  # gold answer (exact for arithmetic, target for countdown, gold text for gsm8k)
+
+
+class Task(ABC):
+    name: ClassVar[str]
+    multi_answer: ClassVar[bool] = False  # many distinct correct answers per prompt (diversity metrics)
+
+    @abstractmethod
+    def train_prompts(self, seed: int) -> Iterator[Prompt]:
+        """Endless stream of training prompts, never one of :meth:`eval_prompts`."""
+
+    @abstractmethod
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        """The first ``n`` prompts of the fixed held-out set (all of it, fewer than ``n``, when smaller)."""
+
+    @abstractmethod
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """Task reward of ``completion`` (text without EOS) for ``prompt``."""
+
+    def sft_target(self, prompt: Prompt) -> str:
+        """A correct completion for the supervised warm-up."""
+        raise NotImplementedError(f"task {self.name!r} has no supervised targets")
+
+    def answer_key(self, prompt: Prompt, completion: str) -> str | None:
+        """Canonical form of a correct answer (to count distinct ones); None if incorrect."""
+        return completion.strip() if self.reward(prompt, completion) > 0 else None
+
+    def rewards(self, prompt: Prompt, completions: list[str]) -> list[float]:
+        """Batch form; tasks with a model-based reward override it."""
+        return [self.reward(prompt, c) for c in completions]
+
+
+def is_held_out(key: str, fraction: float) -> bool:
+    """Stable hash split: the same prompt is always on the same side, in every process."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return (h % 10_000) < fraction * 10_000
+
+
+def check_fraction(fraction: float) -> float:
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"held_out_fraction must be strictly between 0 and 1, got {fraction}")
+    return fraction
+
+
+def draw_distinct(draw: Callable[[], Prompt | None], n: int, max_draws: int) -> list[Prompt]:
+    """The first ``n`` distinct prompts of a seeded stream (``draw`` returns None for a miss).
+
+    Stops after ``max_draws`` draws, so a held-out set smaller than ``n`` gives
+    all it has (fewer than ``n``) instead of an endless loop.
+    """
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    for _ in range(max_draws):
+        if len(out) >= n:
+            break
+        p = draw()
+        if p is not None and p.prompt_id not in seen:
+            seen.add(p.prompt_id)
+            out.append(p)
+    return out
+
+
+_REGISTRY: dict[str, Callable[..., Task]] = {}
+
+
+def register(name: str) -> Callable[[type[Task]], type[Task]]:
+    def wrap(cls: type[Task]) -> type[Task]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def task_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_task(name: str, options: dict[str, Any] | None = None) -> Task:
+    """Build a registered task; unknown names and options get an error naming them."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
+    try:
+        return _REGISTRY[name](**(options or {}))
+    except TypeError as err:
+        raise ValueError(f"bad options for task {name!r}: {err}") from None

@@ -1,0 +1,325 @@
+"""``tba up``: the whole system on one machine, as processes, with a live console.
+
+1. Make (or reuse from the cache) the SFT'd tiny base model.
+2. Start a redis-server of the run's own (own port, own data dir, AOF on).
+3. Start the buffer, wait until it is ready; start the trainer and N searchers.
+4. Watch: restart a child that dies, evaluate each new checkpoint on held-out
+   prompts, show everything live, stop after the time or step budget or Ctrl-C.
+5. Stop producers first, let the buffer drain the stream, then write
+   ``summary.json`` and the report into the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tba.ops import free_port
+
+HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."
+log = logging.getLogger("tba.up")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--searchers", type=int, default=2, help="Number of searcher processes (default 2).")
+    parser.add_argument("--minutes", type=float, default=10.0, help="Wall-clock budget in minutes (default 10).")
+    parser.add_argument("--max-steps", type=int, default=None, help="Stop after this many trainer steps.")
+    parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default runs/<timestamp>).")
+    parser.add_argument("--task", default=os.environ.get("TBA_TASK", "arithmetic"), help="Task name.")
+    parser.add_argument("--base-model", type=Path, default=None,
+                        help="Use this base model instead of the cached SFT one.")
+    parser.add_argument("--mode", choices=["async", "sync"], default="async",
+                        help="Trainer mode (sync: on-policy baseline).")
+    parser.add_argument("--loss", choices=["tb", "grpo"], default="tb", help="Trainer loss.")
+    parser.add_argument("--eval-every", type=float, default=30.0, help="Seconds between held-out evaluations.")
+    parser.add_argument("--eval-prompts", type=int, default=200, help="Held-out prompts per evaluation.")
+    parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live table.")
+    parser.add_argument("--no-report", action="store_true",
+                        help="Skip the HTML report (summary.json is always written).")
+
+
+
+def _wait_http(url: str, timeout: float, child) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child is not None and not child.running:
+            raise RuntimeError(f"{child.name} exited during start-up; see {child.log_path}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
+
+
+class _Stop:
+    """Set by SIGINT/SIGTERM: the main loop then shuts down in order."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        if self.event.is_set():  # second Ctrl-C: stop waiting politely
+            raise KeyboardInterrupt
+        log.warning("received %s: stopping everything", signal.Signals(signum).name)
+        self.event.set()
+
+
+def main(args: argparse.Namespace) -> int:
+    from tba.logs import setup_logging
+    from tba.tasks import make_task
+
+    setup_logging(os.environ.get("TBA_LOG_LEVEL", "INFO"))
+    try:
+        make_task(args.task, json.loads(os.environ.get("TBA_TASK_OPTIONS", "{}")))
+    except ValueError as err:
+        print(f"tba up: --task: {err}", file=sys.stderr)
+        return 2
+    if args.searchers < 1:
+        print(f"tba up: --searchers must be at least 1, got {args.searchers}", file=sys.stderr)
+        return 2
+    if shutil.which("redis-server") is None:
+        print("tba up: redis-server not found: apt-get install -y redis-server", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return LocalRun(args, run_dir.resolve()).run()
+
+
+class LocalRun:
+    def __init__(self, args: argparse.Namespace, run_dir: Path) -> None:
+        from tba.supervisor import Supervisor
+
+        self.args = args
+        self.run_dir = run_dir
+        self.logs = run_dir / "logs"
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.sup = Supervisor()
+        self.stop = _Stop()
+        self.token = os.environ.get("TBA_AUTH_TOKEN") or secrets.token_urlsafe(24)
+        self.namespace = os.environ.get("TBA_NAMESPACE", "tba")
+        self.t0 = time.time()
+        self.redis_url = ""
+        self.listen_done = threading.Event()  # outlives the stop event: the final checkpoint is announced late
+        self.evals: list[dict] = []
+
+    # --- start-up -------------------------------------------------------
+    def _base_env(self, base_model: Path, redis_url: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "TBA_REDIS_URL": redis_url, "TBA_NAMESPACE": self.namespace, "TBA_AUTH_TOKEN": self.token,
+            "TBA_TASK": self.args.task, "TBA_MODEL": str(base_model), "TBA_CHECKPOINT_DIR": str(self.ckpt_dir),
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:
+        from tba.supervisor import Child
+
+        tba = [sys.executable, "-m", "tba.cli"]
+        redis_port, buffer_port = free_port(), free_port()
+        redis_url = self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        (self.run_dir / "redis").mkdir(exist_ok=True)
+        self.sup.add(Child("redis", [
+            shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+            "--dir", str(self.run_dir / "redis"), "--appendonly", "yes", "--appendfsync", "everysec",
+            "--maxmemory-policy", "noeviction", "--save", "",
+        ], dict(os.environ), self.logs / "redis.log"))
+        env = self._base_env(base_model, redis_url)
+        buffer_url = f"http://127.0.0.1:{buffer_port}"
+        buffer = self.sup.add(Child("buffer", [*tba, "buffer", "--host", "127.0.0.1", "--port", str(buffer_port)],
+                                    env, self.logs / "buffer.log"))
+        _wait_http(f"{buffer_url}/readyz", 60, buffer)
+
+        status_urls: dict[str, str] = {}
+        port = free_port()
+        status_urls["trainer"] = f"http://127.0.0.1:{port}"
+        trainer_env = {**env, "TBA_BUFFER_URL": buffer_url, "TBA_METRICS_PORT": str(port), "TBA_MODE": self.args.mode,
+                       "TBA_LOSS": self.args.loss, "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl")}
+        trainer_env.setdefault("TBA_TORCH_THREADS", "1")  # the searchers need the other core
+        if self.args.max_steps:
+            trainer_env["TBA_MAX_STEPS"] = str(self.args.max_steps)
+        self.sup.add(Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log"))
+        for i in range(self.args.searchers):
+            name, port = f"searcher-{i}", free_port()
+            status_urls[name] = f"http://127.0.0.1:{port}"
+            s_env = {**env, "TBA_SEARCHER_ID": name, "TBA_METRICS_PORT": str(port),
+                     "TBA_SPILL_DIR": str(self.run_dir / "spill" / name), "TBA_SEED": str(i)}
+            # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
+            # its cycles (and fills the buffer with duplicates). One batch per policy version each.
+            s_env.setdefault("TBA_MAX_BATCHES_PER_VERSION", "1")
+            # vLLM's CPU build pins every engine to the same core by default; spread them instead.
+            s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(i % (os.cpu_count() or 1)))
+            self.sup.add(Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log"))
+        return buffer_url, status_urls
+
+    def _subscribe_versions(self, redis_url: str, observer) -> None:
+        """Record every checkpoint announcement, as the searchers see them."""
+        import redis
+
+        from tba.checkpoints import parse_manifest
+        from tba.keys import Keys
+
+        def listen() -> None:
+            while not self.listen_done.is_set():
+                try:
+                    pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(Keys(self.namespace).checkpoint_channel)
+                    while not self.listen_done.is_set():
+                        msg = pubsub.get_message(timeout=0.2)
+                        if msg and msg["type"] == "message":
+                            observer.record_version(parse_manifest(msg["data"]).version)
+                except Exception:  # noqa: BLE001 (Redis restarting: listen again)
+                    time.sleep(1.0)
+
+        threading.Thread(target=listen, name="announcements", daemon=True).start()
+
+    # --- evaluation -----------------------------------------------------
+    def _evaluate(self, model_dir: Path, version: int) -> float:
+        from tba.evaluate import evaluate_checkpoint
+
+        result = evaluate_checkpoint(model_dir, self.args.task, n_prompts=self.args.eval_prompts, samples=0)
+        acc = float(result["greedy_accuracy"])
+        self.evals.append({"t": time.time() - self.t0, "version": version, "accuracy": acc})
+        with (self.run_dir / "evals.jsonl").open("a") as f:
+            f.write(json.dumps(self.evals[-1]) + "\n")
+        return acc
+
+    def _eval_loop(self, observer, base_model: Path) -> None:
+        """Evaluate the newest checkpoint every --eval-every seconds (off the main thread)."""
+        from tba.checkpoints import CheckpointError, CheckpointStore
+
+        store = CheckpointStore(self.ckpt_dir)
+        observer.record_accuracy(0, self._evaluate(base_model, 0))
+        last = 0
+        while not self.stop.event.wait(self.args.eval_every):
+            manifest = store.read_manifest()
+            if manifest is None or manifest.version == last:
+                continue
+            try:
+                acc = self._evaluate(store.verify(manifest), manifest.version)
+            except (CheckpointError, OSError) as err:  # pruned under our feet: try the next one
+                log.warning("evaluation of v%d skipped: %s", manifest.version, err)
+                continue
+            last = manifest.version
+            observer.record_accuracy(manifest.version, acc)
+
+    # --- main loop ------------------------------------------------------
+    def run(self) -> int:
+        from tba.dashboard import Observer
+        from tba.model.sft import ensure_base_model
+
+        base_model = self.args.base_model or ensure_base_model(task=self.args.task)
+        self.t0 = time.time()  # the run's clock starts when the system does, not with the warm-up
+        log.info("run directory %s, base model %s", self.run_dir, base_model)
+        try:
+            buffer_url, status_urls = self._start_services(base_model)
+        except RuntimeError as err:
+            log.error("start-up failed: %s", err)
+            self.sup.stop_all()
+            return 1
+        observer = Observer(buffer_url, self.token, status_urls, self.run_dir / "timeline.jsonl")
+        self._subscribe_versions(self.redis_url, observer)
+        threading.Thread(target=self._eval_loop, args=(observer, base_model), name="eval", daemon=True).start()
+        try:
+            self._watch(observer)
+        finally:
+            code = self._shutdown(observer, base_model)
+        return code
+
+    def _watch(self, observer) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        from tba.dashboard import one_line, render
+
+        deadline = self.t0 + self.args.minutes * 60
+        trainer = next(c for c in self.sup.children if c.name == "trainer")
+        live_console = not self.args.no_console and sys.stdout.isatty()
+        live = Live(console=Console(), refresh_per_second=2) if live_console else None
+        last_line = 0.0
+        with live if live else contextlib.nullcontext():
+            while not self.stop.event.is_set() and time.time() < deadline:
+                self.sup.check()
+                if trainer.exit_codes and trainer.exit_codes[-1] == 0:
+                    log.info("trainer finished its step budget")
+                    break
+                snap = observer.poll()
+                if live:
+                    live.update(render(snap, self.sup.events))
+                elif time.time() - last_line >= 10:
+                    print(one_line(snap), flush=True)
+                    last_line = time.time()
+                self.stop.event.wait(1.0)
+
+    def _shutdown(self, observer, base_model: Path) -> int:
+        from tba.report import write_outputs
+
+        self.stop.event.set()
+        log.info("stopping searchers and trainer")
+        self.sup.stop([c.name for c in self.sup.children if c.name.startswith("searcher")] + ["trainer"], 60)
+        final = self._drain(observer)
+        self.listen_done.set()
+        self.sup.stop(["buffer"], 15)
+        self.sup.stop(["redis"], 15)
+        self._final_eval()
+        summary = write_outputs(self, observer, final, base_model)
+        log.info("summary: %s", json.dumps({k: summary[k] for k in ("accuracy_start", "accuracy_end", "wall_seconds")}))
+        print(f"run directory: {self.run_dir}")
+        return 0
+
+    def _drain(self, observer) -> dict:
+        """Let the buffer ingest what the searchers flushed, then take its final stats."""
+        last, stable_since = None, time.monotonic()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            stats = observer.poll().buffer
+            key = stats.get("samples_ingested")
+            if key != last:
+                last, stable_since = key, time.monotonic()
+            elif time.monotonic() - stable_since > 3:
+                break
+            time.sleep(0.5)
+        final = observer.poll().buffer
+        final["stream_entries_added"] = self._stream_entries_added()
+        return final
+
+    def _stream_entries_added(self) -> int | None:
+        """Groups ever published to the trajectory stream, as Redis counts them."""
+        import redis
+
+        from tba.keys import Keys
+
+        try:
+            info = redis.Redis.from_url(self.redis_url).xinfo_stream(Keys(self.namespace).trajectories)
+            return int(info["entries-added"])
+        except (redis.RedisError, KeyError):
+            return None
+
+    def _final_eval(self) -> None:
+        """Evaluate the last published checkpoint if the eval loop has not yet."""
+        from tba.checkpoints import CheckpointError, CheckpointStore
+
+        store = CheckpointStore(self.ckpt_dir)
+        manifest = store.read_manifest()
+        if manifest is None or (self.evals and self.evals[-1]["version"] == manifest.version):
+            return
+        try:
+            self._evaluate(store.verify(manifest), manifest.version)
+        except (CheckpointError, OSError) as err:
+            log.warning("final evaluation skipped: %s", err)

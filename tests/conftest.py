@@ -1,0 +1,166 @@
+"""Fixtures shared by every tier: a real redis-server on a free port, tiny models on disk.
+
+Nothing here is faked: the Redis fixture starts the real server binary (and
+fails loudly with what to install when it is missing), and the model fixtures
+write real Hugging Face directories.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tba.ops import free_port
+
+
+class RedisServer:
+    """A redis-server process of the test's own: own port, own data dir; can be killed and restarted."""
+
+    def __init__(self, data_dir: Path, appendonly: bool = True, extra: list[str] | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: `apt-get install -y redis-server` (make test does it)")
+        self.binary = binary
+        self.data_dir = data_dir
+        self.appendonly = appendonly
+        self.extra = extra or []
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"),
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}; see {self.data_dir / 'redis.log'}")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def client(self):
+        import redis
+
+        return redis.Redis.from_url(self.url)
+
+
+class RedisClusterServers:
+    """A real Redis Cluster of ``n`` primaries (no replicas), each a redis-server of the test's own."""
+
+    def __init__(self, data_dir: Path, n: int = 3) -> None:
+        self.nodes = [RedisServer(data_dir / f"node{i}", appendonly=False) for i in range(n)]
+        for node in self.nodes:  # cluster bus on a free port of its own (not port + 10000)
+            node.extra = ["--cluster-enabled", "yes", "--cluster-config-file", str(node.data_dir / "nodes.conf"),
+                          "--cluster-port", str(free_port()), "--cluster-node-timeout", "2000"]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self) -> RedisClusterServers:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            pytest.fail("redis-cli is not installed: `apt-get install -y redis-server` (make test does it)")
+        for node in self.nodes:
+            node.start()
+        addrs = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        r = subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{r.stdout}\n{r.stderr}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = [subprocess.run([cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True,
+                                    timeout=10).stdout for node in self.nodes]
+            if all("cluster_state:ok" in info for info in infos):
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def client(self):
+        import redis.cluster
+
+        return redis.cluster.RedisCluster.from_url(self.url)
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """A 3-primary Redis Cluster shared by a module's tests (each test flushes it first)."""
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh, empty Redis per test (fast: about 20 ms to start)."""
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir: Path) -> Path:
+    """A freshly initialised tiny model (random weights), HF format."""
+    from tba.model.tiny import init_model
+
+    return init_model(models_dir / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def sft_model() -> Path:
+    """The demo's SFT base model (arithmetic, about 30% held-out greedy accuracy).
+
+    Built by ``ensure_base_model`` on first use (a few minutes) into the shared
+    cache (``~/.cache/tba/models``, or ``TBA_CACHE_DIR``), then found there instantly.
+    """
+    from tba.model.sft import ensure_base_model
+
+    return ensure_base_model()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests (the buffer's) run on asyncio, the loop uvicorn serves the buffer with."""
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests run on the CPU whatever the host has; vLLM's CPU KV cache stays small.
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))

@@ -1,0 +1,152 @@
+"""docker-compose.yml and its override files, as Compose itself resolves them.
+
+What a user relies on when they run `make up`: the GPU layout, the CPU
+override, one searcher per GPU, volumes that keep searchers read-only, health-
+gated start order, secrets that must come from the environment, loopback-only
+ports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.tools import COMPOSE_FILES, compose_binary, compose_config, compose_env, run
+
+pytestmark = pytest.mark.deploy
+LONG_RUNNING = ["redis", "buffer", "trainer", "searcher"]
+
+
+@pytest.mark.parametrize("variant", sorted(COMPOSE_FILES))
+def test_compose_config_is_valid(variant: str, tmp_path: Path) -> None:
+    env, env_file = compose_env(tmp_path)
+    files = [arg for f in COMPOSE_FILES[variant] for arg in ("-f", f)]
+    proc = run([compose_binary(), "--env-file", str(env_file), *files, "config", "-q"], env=env)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("missing", ["REDIS_PASSWORD", "TBA_AUTH_TOKEN"])
+def test_secrets_must_come_from_the_environment(missing: str, tmp_path: Path) -> None:
+    env, env_file = compose_env(tmp_path)
+    env_file.write_text("".join(line + "\n" for line in env_file.read_text().splitlines()
+                                if not line.startswith(missing)))
+    proc = run([compose_binary(), "--env-file", str(env_file), "config", "-q"], env=env)
+    assert proc.returncode != 0
+    assert missing in proc.stderr and ".env.example" in proc.stderr
+
+
+def test_no_secret_value_in_checked_in_files(tmp_path: Path) -> None:
+    model = compose_config("gpu", tmp_path, {"REDIS_PASSWORD": "s3cret-pw", "TBA_AUTH_TOKEN": "s3cret-tok"})
+    assert model["services"]["buffer"]["environment"]["TBA_AUTH_TOKEN"] == "s3cret-tok"
+    assert model["services"]["buffer"]["environment"]["TBA_REDIS_URL"] == "redis://:s3cret-pw@redis:6379/0"
+    # The Redis password reaches redis-server through its environment, not its command line in the file.
+    assert "s3cret-pw" not in " ".join(model["services"]["redis"]["command"])
+
+
+@pytest.mark.parametrize("variant", sorted(COMPOSE_FILES))
+def test_ports_are_published_on_loopback_only(variant: str, tmp_path: Path) -> None:
+    model = compose_config(variant, tmp_path)
+    published = [(name, p) for name, svc in model["services"].items() for p in svc.get("ports", [])]
+    assert published, "the buffer API should be reachable from this host"
+    for name, port in published:
+        assert port.get("host_ip") == "127.0.0.1", f"{name} publishes {port} beyond loopback"
+
+
+def test_smoke_run_never_takes_a_fixed_host_port(tmp_path: Path) -> None:
+    model = compose_config("smoke", tmp_path)
+    assert [p.get("published") in (None, "") for p in model["services"]["buffer"]["ports"]] == [True]
+
+
+def _gpu_ids(service: dict) -> list[list[str]]:
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return [d.get("device_ids") or [] for d in devices if "gpu" in d.get("capabilities", [])]
+
+
+def test_gpu_host_by_default_one_gpu_each(tmp_path: Path) -> None:
+    services = compose_config("gpu", tmp_path)["services"]
+    assert _gpu_ids(services["trainer"]) == [["0"]]
+    assert _gpu_ids(services["searcher"]) == [["1"]]
+    assert services["trainer"]["build"]["target"] == "gpu"
+    assert services["searcher"]["build"]["target"] == "gpu"
+
+
+def test_one_searcher_per_gpu_override(tmp_path: Path) -> None:
+    services = compose_config("gpus", tmp_path)["services"]
+    searchers = {name: _gpu_ids(svc) for name, svc in services.items() if name.startswith("searcher")}
+    assert searchers == {"searcher": [["1"]], "searcher-2": [["2"]], "searcher-3": [["3"]]}
+    assert _gpu_ids(services["trainer"]) == [["0"]]
+    # The extra searchers are full copies: same image, volumes and settings.
+    for name in ("searcher-2", "searcher-3"):
+        assert services[name]["image"] == services["searcher"]["image"]
+        assert services[name]["environment"] == services["searcher"]["environment"]
+
+
+def test_cpu_override_drops_gpus_and_builds_cpu_images(tmp_path: Path) -> None:
+    services = compose_config("cpu", tmp_path)["services"]
+    for name in ("trainer", "searcher"):
+        assert _gpu_ids(services[name]) == []
+        assert services[name]["build"]["target"] == "cpu"
+        assert services[name]["image"].endswith("-cpu")
+        assert services[name]["environment"]["TBA_DTYPE"] == "float32"
+    assert services["trainer"]["environment"]["TBA_DEVICE"] == "cpu"
+    assert services["model-init"]["image"] == services["trainer"]["image"]
+
+
+def _mounts(service: dict) -> dict[str, bool]:
+    return {v["target"]: bool(v.get("read_only")) for v in service.get("volumes", []) if v.get("source")}
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_checkpoints_written_by_trainer_read_only_for_searchers(variant: str, tmp_path: Path) -> None:
+    services = compose_config(variant, tmp_path)["services"]
+    assert _mounts(services["trainer"]) == {"/models": True, "/checkpoints": False}
+    assert _mounts(services["searcher"]) == {"/models": True, "/checkpoints": True}
+    assert _mounts(services["model-init"]) == {"/models": False}
+    env = services["searcher"]["environment"]
+    assert env["TBA_CHECKPOINT_DIR"] == services["trainer"]["environment"]["TBA_CHECKPOINT_DIR"] == "/checkpoints"
+    assert env["TBA_MODEL"] == services["trainer"]["environment"]["TBA_MODEL"] == "/models/base"
+
+
+def test_start_order_is_gated_on_health(tmp_path: Path) -> None:
+    services = compose_config("gpu", tmp_path)["services"]
+    assert services["buffer"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert services["trainer"]["depends_on"]["buffer"]["condition"] == "service_healthy"
+    for name in ("trainer", "searcher"):
+        assert services[name]["depends_on"]["model-init"]["condition"] == "service_completed_successfully"
+    assert services["searcher"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    for name in LONG_RUNNING:
+        assert services[name]["restart"] == "unless-stopped", name
+    for name in ("redis", "buffer"):
+        assert services[name]["healthcheck"]["test"], name
+    assert services["model-init"]["restart"] == "no"
+
+
+def test_redis_persists_and_never_evicts(tmp_path: Path) -> None:
+    redis = compose_config("gpu", tmp_path)["services"]["redis"]
+    command = " ".join(redis["command"])
+    for flag in ("--appendonly yes", "--appendfsync everysec", "--maxmemory-policy noeviction", "--requirepass"):
+        assert flag in command
+    assert {v["target"] for v in redis["volumes"]} == {"/data"}
+    assert redis["user"] == "redis"
+
+
+def test_services_share_the_same_settings(tmp_path: Path) -> None:
+    services = compose_config("gpu", tmp_path)["services"]
+    common = ("TBA_REDIS_URL", "TBA_AUTH_TOKEN", "TBA_NAMESPACE", "TBA_TASK", "TBA_TEMPERATURE")
+    for key in common:
+        values = {services[n]["environment"][key] for n in ("buffer", "trainer", "searcher")}
+        assert len(values) == 1, f"{key} differs between services: {values}"
+
+
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_root_filesystems_are_read_only_with_writable_scratch(variant: str, tmp_path: Path) -> None:
+    """As on Kubernetes (readOnlyRootFilesystem): only volumes and in-memory scratch are writable."""
+    services = compose_config(variant, tmp_path)["services"]
+    for name in ("redis", "buffer", "model-init", "trainer", "searcher"):
+        assert services[name].get("read_only") is True, name
+    for name in ("model-init", "trainer", "searcher"):
+        scratch = {v["target"]: v.get("tmpfs", {}).get("mode") for v in services[name]["volumes"]
+                   if v["type"] == "tmpfs"}
+        # World-writable with the sticky bit: the services run as uid 10001, tmpfs mounts belong to root.
+        assert scratch == {"/tmp": 0o1777, "/var/cache/tba": 0o1777}, name

@@ -1,0 +1,192 @@
+"""The buffer's HTTP API (real app, real lifespan, real Redis): formats, auth, bad inputs, probes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgpack
+import pytest
+from fastapi.testclient import TestClient
+
+from services.buffer.app import create_app
+from tba.codec import MSGPACK_MEDIA_TYPE, decode, encode
+from tba.keys import STREAM_FIELD, Keys
+from tba.schemas import SampledBatch, SampleRequest
+from tba.settings import BufferSettings
+from tests.unit.buffer_factories import make_group
+
+MSGPACK = {"Content-Type": MSGPACK_MEDIA_TYPE}
+
+
+@pytest.fixture
+def make_client(redis_server):
+    clients = []
+
+    def make(**overrides) -> TestClient:
+        settings = BufferSettings(redis_url=redis_server.url, consumer_name="api", ingest_block_ms=20, **overrides)
+        client = TestClient(create_app(settings))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+def post_group(client: TestClient, group, **headers):
+    return client.post("/v1/groups", content=encode(group), headers={**MSGPACK, **headers})
+
+
+def error_of(resp) -> dict:
+    body = resp.json()
+    assert set(body) == {"error"} and body["error"]["status"] == resp.status_code
+    return body["error"]
+
+
+def test_groups_in_then_batches_out_in_msgpack_and_json(make_client) -> None:
+    client = make_client()
+    for i in range(3):
+        r = post_group(client, make_group(f"p{i}", version=2, rewards=[0.0, 1.0, 2.0]))
+        assert r.status_code == 200 and r.json()["added"] == 3
+    body = encode(SampleRequest(num_prompts=3, samples_per_prompt=2, trainer_version=4, seed=3))
+    r = client.post("/v1/sample", content=body, headers=MSGPACK)
+    assert r.status_code == 200 and r.headers["content-type"] == MSGPACK_MEDIA_TYPE
+    batch = decode(r.content, SampledBatch)
+    assert len(batch.groups) == 3 and all(len(g.samples) == 2 for g in batch.groups)
+    assert {s.staleness for g in batch.groups for s in g.samples} == {2}
+    r = client.post("/v1/sample", content=body, headers={**MSGPACK, "Accept": "application/json"})
+    assert r.headers["content-type"] == "application/json"
+    assert decode(r.content, SampledBatch, "json") == batch  # same seed, same batch, other format
+    r = client.post("/v1/sample", json={"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0})
+    assert r.status_code == 200 and SampledBatch.model_validate(msgpack.unpackb(r.content))
+
+
+def test_posting_the_same_group_twice_stores_it_once(make_client) -> None:
+    client = make_client()
+    g = make_group("p", rewards=[1.0, 2.0])
+    assert post_group(client, g).json() == {"group_id": g.group_id, "added": 2, "duplicates": 0, "evicted": 0,
+                                            "resent": False}
+    again = client.post("/v1/groups", content=g.model_dump_json(), headers={"Content-Type": "application/json"})
+    assert again.status_code == 200 and again.json()["resent"] is True
+    stats = client.get("/v1/stats").json()
+    assert stats["samples"] == 2 and stats["samples_duplicate"] == 2 and stats["versions"] == {"0": 2}
+
+
+def test_409_with_a_reason_when_too_few_prompts(make_client) -> None:
+    client = make_client()
+    post_group(client, make_group("p"))
+    r = client.post("/v1/sample", json={"num_prompts": 2, "samples_per_prompt": 4, "trainer_version": 0})
+    assert r.status_code == 409
+    err = error_of(r)
+    assert err["code"] == "not_enough_samples" and "fewer than num_prompts=2" in err["message"]
+
+
+def test_auth_guards_writes_and_sampling_but_not_probes(make_client) -> None:
+    client = make_client(auth_token="s3cret")
+    g = encode(make_group("p"))
+    for path, body in (("/v1/groups", g), ("/v1/sample", encode(SampleRequest(num_prompts=1, samples_per_prompt=1,
+                                                                              trainer_version=0)))):
+        r = client.post(path, content=body, headers=MSGPACK)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+        assert "missing bearer token" in error_of(r)["message"]
+        r = client.post(path, content=body, headers={**MSGPACK, "Authorization": "Bearer s3cre"})
+        assert r.status_code == 401 and "invalid_token" in r.headers["www-authenticate"]
+        r = client.post(path, content=body, headers={**MSGPACK, "Authorization": "Basic s3cret"})
+        assert r.status_code == 401
+    assert client.get("/v1/stats").json()["samples"] == 0  # nothing got in
+    ok = {**MSGPACK, "Authorization": "Bearer s3cret"}
+    assert client.post("/v1/groups", content=g, headers=ok).status_code == 200
+    assert client.get("/healthz").status_code == 200 and client.get("/v1/stats").status_code == 200
+
+
+@pytest.mark.parametrize(("headers", "body", "status", "needle"), [
+    (MSGPACK, b"", 400, "empty"),
+    (MSGPACK, b"\xc1\x00", 422, "not valid msgpack"),
+    ({"Content-Type": "application/json"}, b"{not json", 422, "not valid json"),
+    ({"Content-Type": "text/plain"}, b"hello", 415, "text/plain"),
+    ({"Content-Type": "application/json"}, json.dumps([1, 2]).encode(), 422, "map at the top level"),
+])
+def test_malformed_bodies_get_4xx_with_a_reason(make_client, headers, body, status, needle) -> None:
+    client = make_client()
+    for path in ("/v1/groups", "/v1/sample"):
+        r = client.post(path, content=body, headers=headers)
+        assert r.status_code == status, r.text
+        assert needle in error_of(r)["message"]
+
+
+def test_invalid_groups_are_refused_whole_and_nothing_is_stored(make_client) -> None:
+    client = make_client(max_payload_bytes=4096)
+    good = make_group("p", rewards=[1.0, 2.0]).model_dump()
+    cases = {
+        "samples.1.reward": {**good, "samples": [good["samples"][0], {**good["samples"][1], "reward": float("inf")}]},
+        "policy_version": {**good, "policy_version": -1},
+        "samples: List should have at least 1": {**good, "samples": []},
+        "extra_field": {**good, "extra_field": 1},
+        "beyond the largest supported version": {**good, "policy_version": 2**22},
+        "prompt_ids: Value error, token id at position 0 is negative": {**good, "prompt_ids": [-3]},
+    }
+    for needle, obj in cases.items():
+        r = client.post("/v1/groups", content=msgpack.packb(obj), headers=MSGPACK)
+        assert r.status_code == 422, (needle, r.text)
+        assert needle.split(": List")[0] in error_of(r)["message"], (needle, r.text)
+    big = {**good, "prompt_text": "x" * 5000}
+    r = client.post("/v1/groups", content=msgpack.packb(big), headers=MSGPACK)
+    assert r.status_code == 413 and "limit of 4096" in error_of(r)["message"]
+    stats = client.get("/v1/stats").json()
+    assert stats["samples"] == 0 and stats["prompts"] == 0 and stats["groups_ingested"] == 0
+
+
+def test_invalid_sample_requests_name_the_field(make_client) -> None:
+    client = make_client()
+    for body, field in (({"num_prompts": 0, "samples_per_prompt": 1, "trainer_version": 0}, "num_prompts"),
+                        ({"num_prompts": 1, "samples_per_prompt": 1}, "trainer_version"),
+                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "recency_prob": 2},
+                         "recency_prob"),
+                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "bogus": 1}, "bogus")):
+        r = client.post("/v1/sample", json=body)
+        assert r.status_code == 422 and field in error_of(r)["message"], r.text
+
+
+def test_stream_ingest_runs_in_the_app_lifespan(make_client, redis_server) -> None:
+    client = make_client()
+    sync = redis_server.client()
+    for i in range(5):
+        sync.xadd(Keys().trajectories, {STREAM_FIELD: encode(make_group(f"p{i}", version=1, searcher_id="s-a"))})
+    sync.xadd(Keys().trajectories, {STREAM_FIELD: b"junk"})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = client.get("/v1/stats").json()
+        if stats["groups_ingested"] == 6:
+            break
+        time.sleep(0.05)
+    assert stats["samples"] == 10 and stats["dead_letters"] == 1 and stats["searcher_versions"] == {"s-a": [1]}
+    assert stats["ingest"]["healthy"] is True and stats["ingest"]["consumer"] == "api"
+    for key in ("reward_mean", "ingest_samples_per_s", "sample_samples_per_s", "samples_evicted",
+                "samples_dead_lettered", "groups_stored"):
+        assert key in stats
+
+
+def test_probes_metrics_and_docs(make_client, redis_server) -> None:
+    client = make_client()
+    assert client.get("/healthz").text == "ok\n"
+    assert client.get("/readyz").status_code == 200
+    post_group(client, make_group("p", version=3))
+    metrics = client.get("/metrics").text
+    assert 'tba_buffer_state{figure="samples"} 2.0' in metrics
+    assert 'tba_buffer_version_samples{version="3"} 2.0' in metrics
+    assert 'tba_buffer_http_requests_total{route="/v1/groups",status="200"} 1.0' in metrics
+    assert client.get("/docs").status_code == 200
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/sample", "/v1/groups", "/v1/stats", "/readyz"} <= set(spec["paths"])
+    assert "SampleRequest" in spec["components"]["schemas"] and "ScoredGroup" in spec["components"]["schemas"]
+    redis_server.client().config_set("maxmemory-policy", "allkeys-lru")
+    r = client.get("/readyz")
+    assert r.status_code == 503 and "maxmemory-policy is allkeys-lru" in r.text and "noeviction" in r.text
+    redis_server.client().config_set("maxmemory-policy", "noeviction")
+    redis_server.stop()
+    r = client.get("/readyz")
+    assert r.status_code == 503 and "unreachable" in r.text
+    r = client.get("/v1/stats")
+    assert r.status_code == 503 and error_of(r)["code"] == "redis_unavailable"

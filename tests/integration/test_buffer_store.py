@@ -1,0 +1,335 @@
+"""Buffer storage and sampling against a real redis-server: writes, dedup, eviction, the sampling rule."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.buffer.sampler import NotEnoughPrompts, Sampler
+from services.buffer.scripts import VERSION_SHIFT
+from services.buffer.store import BufferStore, connect, sample_id
+from tba.codec import pack
+from tba.schemas import SampledBatch, SampleRequest
+from tba.settings import BufferSettings
+from tests.unit.buffer_factories import check_consistency, make_group
+
+pytestmark = pytest.mark.anyio
+
+
+
+@pytest.fixture
+async def make_store(redis_server):
+    clients = []
+
+    async def make(**overrides) -> BufferStore:
+        client = connect(redis_server.url)
+        clients.append(client)
+        return BufferStore(client, BufferSettings(redis_url=redis_server.url, **overrides))
+
+    yield make
+    for c in clients:
+        await c.aclose()
+
+
+def req(**kw) -> SampleRequest:
+    base = {"num_prompts": 1, "samples_per_prompt": 2, "trainer_version": 0, "recency_prob": 0.0, "seed": 0}
+    return SampleRequest(**{**base, **kw})
+
+
+async def test_round_trip_returns_stored_samples_exactly(make_store, redis_server) -> None:
+    store = await make_store()
+    groups = [make_group(f"p{i}", version=i, rewards=[0.1 * i, 0.5, 1.0]) for i in range(4)]
+    for g in groups:
+        res = await store.write_group(g)
+        assert (res.added, res.duplicates, res.evicted, res.resent) == (3, 0, 0, False)
+    batch = SampledBatch.model_validate(await Sampler(store).sample(
+        req(num_prompts=4, samples_per_prompt=3, trainer_version=5, recency_prob=0.5)))
+    assert sorted(g.prompt_id for g in batch.groups) == ["p0", "p1", "p2", "p3"]
+    by_id = {g.prompt_id: g for g in groups}
+    for got in batch.groups:
+        sent = by_id[got.prompt_id]
+        assert got.prompt_ids == sent.prompt_ids and got.prompt_text == sent.prompt_text and got.task == sent.task
+        assert len(got.samples) == 3
+        sent_by_tokens = {tuple(s.completion_ids): s for s in sent.samples}
+        assert {tuple(s.completion_ids) for s in got.samples} == set(sent_by_tokens)  # K = n: no repeats
+        for s in got.samples:
+            src = sent_by_tokens[tuple(s.completion_ids)]
+            assert (s.reward, s.logprob_sum, s.ref_logprob_sum) == (src.reward, src.logprob_sum, src.ref_logprob_sum)
+            assert s.version == sent.policy_version and s.staleness == 5 - sent.policy_version
+    stats = await store.stats()
+    assert stats["samples_served"] == 12 and stats["sample_requests"] == 1
+    assert stats["versions"] == {0: 3, 1: 3, 2: 3, 3: 3}
+    check_consistency(redis_server.client())
+
+
+async def test_same_group_twice_is_stored_once(make_store, redis_server) -> None:
+    store = await make_store()
+    g = make_group("p", rewards=[1.0, 2.0, 3.0])
+    await store.write_group(g)
+    again = await store.write_group(g)
+    assert again.resent and again.added == 0 and again.duplicates == 3
+    stats = await store.stats()
+    assert stats["samples"] == 3 and stats["samples_ingested"] == 6 and stats["samples_duplicate"] == 3
+    assert stats["groups_ingested"] == 2 and stats["groups_stored"] == 1 and stats["groups_duplicate"] == 1
+    assert stats["reward_mean"] == pytest.approx(2.0)
+    check_consistency(redis_server.client())
+
+
+async def test_duplicate_completion_keeps_the_newest_copy(make_store, redis_server) -> None:
+    store = await make_store()
+    same = [[7, 7, 7]]
+    await store.write_group(make_group("p", version=1, rewards=[0.0], tokens=same))
+    res = await store.write_group(make_group("p", version=3, rewards=[1.0], tokens=same))
+    assert (res.added, res.duplicates) == (0, 1)
+    late = await store.write_group(make_group("p", version=2, rewards=[5.0], tokens=same))  # older copy arrives late
+    assert (late.added, late.duplicates) == (0, 1)
+    stats = await store.stats()
+    assert stats["samples"] == 1 and stats["versions"] == {3: 1} and stats["reward_mean"] == 1.0
+    assert stats["samples_duplicate"] == 2
+    batch = await Sampler(store).sample(req(samples_per_prompt=1, trainer_version=3))
+    assert batch["groups"][0]["samples"][0]["version"] == 3
+    check_consistency(redis_server.client())
+
+
+async def test_per_prompt_capacity_evicts_oldest_version_first(make_store, redis_server) -> None:
+    store = await make_store(per_prompt_capacity=5)
+    await store.write_group(make_group("p", version=3, rewards=[3.0, 3.1, 3.2]))
+    await store.write_group(make_group("p", version=1, rewards=[1.0, 1.1, 1.2]))
+    res = await store.write_group(make_group("p", version=2, rewards=[2.0, 2.1, 2.2]))
+    assert res.evicted == 3  # the second write already evicted one version-1 sample
+    stats = await store.stats()
+    assert stats["versions"] == {2: 2, 3: 3} and stats["samples_evicted"] == 4
+    rewards = sorted(s["reward"] for s in (await Sampler(store).sample(
+        req(samples_per_prompt=5, trainer_version=3)))["groups"][0]["samples"])
+    assert rewards == [2.1, 2.2, 3.0, 3.1, 3.2]  # within version 2, the earliest arrival went first
+    check_consistency(redis_server.client())
+
+
+async def test_global_capacity_evicts_oldest_first_across_prompts(make_store, redis_server) -> None:
+    store = await make_store(global_capacity=10)
+    for name, version in (("a", 0), ("b", 1), ("c", 2)):
+        await store.write_group(make_group(name, version=version, rewards=[0.0] * 4))
+    stats = await store.stats()
+    assert stats["samples"] == 10 and stats["versions"] == {0: 2, 1: 4, 2: 4}
+    await store.write_group(make_group("d", version=0, rewards=[0.0] * 4))  # as old as a's: a goes first
+    stats = await store.stats()
+    assert stats["samples"] == 10 and stats["prompts"] == 3  # a emptied and dropped
+    assert stats["versions"] == {0: 2, 1: 4, 2: 4} and stats["samples_evicted"] == 6
+    summary = check_consistency(redis_server.client())
+    assert summary["prompts"] == 3
+
+
+class ModelBuffer:
+    """The storage rules in plain Python, as the oracle: dedup by tokens (newest version kept), then
+    per-prompt capacity, then global capacity, both evicting the lowest (version, arrival) first."""
+
+    def __init__(self, pcap: int, gcap: int) -> None:
+        self.pcap, self.gcap = pcap, gcap
+        self.seq = 0
+        self.groups: set[str] = set()
+        self.prompts: dict[str, dict[str, tuple[int, int, float]]] = {}
+
+    def write(self, group) -> None:
+        if group.group_id in self.groups:
+            return
+        self.groups.add(group.group_id)
+        store = self.prompts.setdefault(group.prompt_id, {})
+        for s in group.samples:
+            self.seq += 1
+            h = sample_id(s.completion_ids)
+            if h not in store or group.policy_version >= store[h][0]:
+                store[h] = (group.policy_version, self.seq, s.reward)
+        while len(store) > self.pcap:
+            del store[min(store, key=lambda h: store[h][:2])]
+        while sum(map(len, self.prompts.values())) > self.gcap:
+            p, h = min(((p, h) for p, hs in self.prompts.items() for h in hs),
+                       key=lambda ph: self.prompts[ph[0]][ph[1]][:2])
+            del self.prompts[p][h]
+        self.prompts = {p: hs for p, hs in self.prompts.items() if hs}
+
+
+def stored_state(sync) -> dict[str, dict[str, tuple[int, int, float]]]:
+    from tba.keys import Keys
+
+    k, out = Keys(), {}
+    for p in (x.decode() for x in sync.zrange(k.global_key("pmax"), 0, -1)):
+        rew = sync.hgetall(k.prompt_key(p, "rew"))
+        out[p] = {h.decode(): (int(sc) // VERSION_SHIFT, int(sc) % VERSION_SHIFT, float(rew[h]))
+                  for h, sc in sync.zrange(k.prompt_key(p, "ord"), 0, -1, withscores=True)}
+    return out
+
+
+def arrival_ranks(state: dict[str, dict[str, tuple[int, int, float]]]) -> dict[str, dict[str, tuple]]:
+    """The state with arrival numbers replaced by their rank: numbers a resend reserved leave gaps,
+    the order is what the rules depend on."""
+    seqs = sorted(seq for hs in state.values() for _, seq, _ in hs.values())
+    rank = {seq: i for i, seq in enumerate(seqs)}
+    return {p: {h: (v, rank[seq], r) for h, (v, seq, r) in hs.items()} for p, hs in state.items()}
+
+
+_op = st.tuples(
+    st.sampled_from(["a", "b", "c"]),  # prompt
+    st.integers(0, 4),  # version
+    st.lists(st.integers(1, 6), min_size=1, max_size=5),  # completion tokens (collide often, also in a group)
+    st.booleans(),  # resend the previous group
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(_op, min_size=1, max_size=12), pcap=st.integers(1, 4), gcap=st.integers(1, 8))
+def test_any_write_sequence_matches_the_model_and_keeps_counters_exact(redis_server, ops, pcap, gcap) -> None:
+    """Dedup, resends and both capacities in any order: the stored samples are exactly the model's,
+    every index agrees, and the counters add up."""
+    sync = redis_server.client()
+    sync.flushdb()
+    model = ModelBuffer(pcap, gcap)
+
+    async def run() -> None:
+        client = connect(redis_server.url)
+        store = BufferStore(client, BufferSettings(redis_url=redis_server.url, per_prompt_capacity=pcap,
+                                                   global_capacity=gcap))
+        previous = None
+        for prompt, version, toks, resend in ops:
+            group = previous if resend and previous else make_group(
+                prompt, version, rewards=[float(t) + version / 10 for t in toks], tokens=[[t] for t in toks])
+            await store.write_group(group)
+            model.write(group)
+            previous = group
+        await client.aclose()
+
+    asyncio.run(run())
+    assert arrival_ranks(stored_state(sync)) == arrival_ranks(model.prompts)
+    check_consistency(sync)
+
+
+async def test_not_enough_prompts_is_reported_not_padded(make_store) -> None:
+    store = await make_store()
+    await store.write_group(make_group("only"))
+    with pytest.raises(NotEnoughPrompts, match="1 eligible prompts, fewer than num_prompts=2"):
+        await Sampler(store).sample(req(num_prompts=2))
+    with pytest.raises(NotEnoughPrompts):
+        await Sampler(store).sample(req(num_prompts=1, only_version=7))
+
+
+async def test_only_version_and_max_staleness_filter_samples(make_store) -> None:
+    store = await make_store()
+    for i in range(3):
+        await store.write_group(make_group(f"p{i}", version=1, rewards=[0.0, 0.0]))
+        await store.write_group(make_group(f"p{i}", version=4, rewards=[1.0, 1.0]))
+    await store.write_group(make_group("old", version=0, rewards=[0.0, 0.0]))
+    sampler = Sampler(store)
+    for seed in range(10):
+        batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=4, only_version=1, seed=seed))
+        assert {s["version"] for g in batch["groups"] for s in g["samples"]} == {1}
+        batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=4, trainer_version=6, max_staleness=2,
+                                         recency_prob=0.5, seed=seed))
+        assert {s["version"] for g in batch["groups"] for s in g["samples"]} == {4}
+        assert all(s["staleness"] == 2 for g in batch["groups"] for s in g["samples"])
+    with pytest.raises(NotEnoughPrompts, match="no older than version 5"):
+        await sampler.sample(req(trainer_version=7, max_staleness=2))
+
+
+async def test_recency_takes_the_newest_versions_and_falls_back_to_reward(make_store) -> None:
+    store = await make_store()
+    await store.write_group(make_group("new", version=5, rewards=[1.0] * 3))
+    await store.write_group(make_group("new", version=2, rewards=[0.0] * 3))
+    await store.write_group(make_group("mid", version=4, rewards=[0.0] * 3))
+    for i in range(4):
+        await store.write_group(make_group(f"old{i}", version=1, rewards=[0.0] * 3))
+    sampler = Sampler(store)
+    for seed in range(20):
+        batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=6, recency_prob=1.0, seed=seed))
+        branches = {g["prompt_id"]: g["branch"] for g in batch["groups"]}
+        assert branches.pop("new") == "recency" and set(branches.values()) == {"reward"}  # only one recent prompt
+        new = next(g for g in batch["groups"] if g["prompt_id"] == "new")
+        assert {s["version"] for s in new["samples"]} == {5}  # newest samples only, with replacement (3 < 6)
+        batch = await sampler.sample(req(num_prompts=2, samples_per_prompt=2, recency_prob=1.0, recent_versions=2,
+                                         seed=seed))
+        assert sorted(g["prompt_id"] for g in batch["groups"]) == ["mid", "new"]
+        assert all(g["branch"] == "recency" for g in batch["groups"])
+
+
+async def test_seeded_draws_are_reproducible(make_store) -> None:
+    store = await make_store()
+    for i in range(6):
+        await store.write_group(make_group(f"p{i}", version=i % 3, rewards=[0.0, 1.0, 2.0, 3.0]))
+    sampler = Sampler(store)
+    r = req(num_prompts=3, samples_per_prompt=2, recency_prob=0.5, reward_inv_temp=1.0, seed=42)
+    assert await sampler.sample(r) == await sampler.sample(r)
+
+
+async def test_sampling_while_writers_evict_always_answers_whole_batches(make_store, redis_server) -> None:
+    """Writers keep evicting (tiny capacities) while batches are drawn: every batch is complete and valid."""
+    store = await make_store(per_prompt_capacity=3, global_capacity=30)
+    for i in range(12):
+        await store.write_group(make_group(f"p{i}", version=0, rewards=[0.0, 1.0, 2.0]))
+    sampler = Sampler(store)
+    done = asyncio.Event()
+
+    async def writer() -> None:
+        for n in range(300):
+            await store.write_group(make_group(f"p{n % 12}", version=1 + n // 12, rewards=[0.5, 1.5]))
+        done.set()
+
+    async def reader() -> int:
+        batches = 0
+        while not done.is_set():
+            batch = SampledBatch.model_validate(await sampler.sample(
+                req(num_prompts=4, samples_per_prompt=5, trainer_version=30, recency_prob=0.5, seed=None)))
+            assert len(batch.groups) == 4 and all(len(g.samples) == 5 for g in batch.groups)
+            batches += 1
+        return batches
+
+    _, batches = await asyncio.gather(writer(), reader())
+    assert batches > 0
+    check_consistency(redis_server.client())
+
+
+async def test_http_writes_interrupted_between_steps_are_recovered(make_store, redis_server) -> None:
+    """An HTTP write leaves an intent first: if its writer dies after the prompt step, the recovery
+    sweep applies the recorded delta; if it died before, the sweep abandons the attempt, and a
+    retry of the same group stores it afresh."""
+    store = await make_store()
+    sync = redis_server.client()
+    done, lost = make_group("p", version=1, rewards=[1.0, 2.0]), make_group("q", version=1, rewards=[3.0])
+    for group, reached_prompt in ((done, True), (lost, False)):
+        intent = pack({"kind": "g", "p": group.prompt_id, "id": group.group_id, "n": len(group.samples),
+                       "label": "s0|1", "at": time.time() - 60})
+        seq0 = await store._intent(keys=[store.g + "intents"], args=[store.g, uuid.uuid4().hex, intent, 2])
+        if reached_prompt:
+            await store._prompt(keys=store._meta(group.prompt_id), args=store._prompt_args(group, seq0, time.time()))
+    assert (await store.stats())["samples"] == 0
+    assert await store.recover(stale_seconds=30) == 2
+    stats = await store.stats()
+    assert stats["samples"] == 2 and stats["groups_stored"] == 1 and sync.hlen(store.g + "intents") == 0
+    check_consistency(sync)
+    assert (await store.write_group(done)).resent  # the recovered write counts as stored
+    again = await store.write_group(lost)  # the abandoned one is written now, once
+    assert again.added == 1 and not again.resent
+    stats = await store.stats()
+    assert stats["samples"] == 3 and stats["groups_stored"] == 2 and stats["groups_duplicate"] == 1
+    check_consistency(sync)
+
+
+async def test_an_interrupted_global_eviction_is_finished_by_recovery(make_store, redis_server) -> None:
+    store = await make_store(global_capacity=4)
+    sync = redis_server.client()
+    for name, version in (("a", 0), ("b", 1)):
+        await store.write_group(make_group(name, version=version, rewards=[0.0] * 3))
+    assert (await store.stats())["samples"] == 4
+    store.settings.global_capacity = 2  # shrunk: the next check plans an eviction; its writer dies there
+    plan = await store._plan(keys=[store.g + "stats"], args=[store.g, 2, "tok", repr(time.time() - 60)])
+    assert plan[0] == b"a" and int(plan[1]) == 2
+    assert await store.enforce_capacity() == 0  # the excess is reserved by the pending intent: no double eviction
+    assert await store.recover(stale_seconds=30) == 1  # a's last sample: the plan stops at b's oldest
+    assert (await store.stats())["samples"] == 3
+    assert await store.enforce_capacity() == 1
+    stats = await store.stats()
+    assert stats["samples"] == 2 and stats["samples_evicted"] == 4 and stats["versions"] == {1: 2}
+    assert sync.hget(store.g + "stats", "evict_reserved") == b"0"
+    check_consistency(sync)

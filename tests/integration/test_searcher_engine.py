@@ -1,0 +1,347 @@
+"""The searcher with the real vLLM CPU engine (one engine for the whole module) and a real redis-server.
+
+Checks the numbers the TB loss depends on (behaviour and reference log-probs equal the trainer's
+computation, at the base weights and after a reload, when the reference engine scores), the stream
+round trip, and hot reload: new weights served in place, groups stamped with the new version, a
+checkpoint whose hash does not match refused, straight to the newest version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.searcher.engine import Engine
+from services.searcher.loop import Searcher
+from services.searcher.scorer import GeneratedBatch, Scorer
+from tba.checkpoints import CheckpointStore, announce
+from tba.codec import decode
+from tba.keys import STREAM_FIELD, Keys
+from tba.model.logprobs import sequence_logprobs
+from tba.model.tiny import init_model
+from tba.model.tokenizer import encode_prompt
+from tba.schemas import ScoredGroup
+from tba.settings import SearcherSettings
+from tba.tasks import Prompt, make_task
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+T = 0.7
+PROMPTS = ["12+34=", "5+7=", "99+1=", "40+40=", "3+58=", "61+22="]
+
+
+def settings_for(model: Path, tmp: Path, redis_url: str = "redis://127.0.0.1:1/0", **kw) -> SearcherSettings:
+    base = dict(
+        model=model, redis_url=redis_url, namespace="t", checkpoint_dir=tmp / "ckpt", spill_dir=tmp / "spill",
+        searcher_id="s-test", samples_per_prompt=4, prompts_per_batch=6, max_new_tokens=12, temperature=T,
+        max_model_len=64, kv_cache_gib=1, reload_poll_seconds=0.2, flush_timeout_seconds=5.0, max_batches=1,
+    )
+    return SearcherSettings(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One engine (and reference scorer) for every test here: engine start and warm-up cost a minute."""
+    settings = settings_for(tiny_model, tmp_path_factory.mktemp("engine"))
+    engine = Engine(settings, tiny_model, version=0, seed=0)
+    scorer = Scorer(settings, make_task("arithmetic"), settings.searcher_id)
+    engine.generate([encode_prompt(scorer.tokenizer, "1+1=")], engine.sampling_params(2, T, 4))  # warm-up
+    yield engine, scorer
+    scorer.close()
+    engine.close()
+
+
+def hf_model(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def generate_batch(engine: Engine, scorer: Scorer, n: int = 4, temperature: float = T) -> GeneratedBatch:
+    prompts = [task_prompt(text) for text in PROMPTS]
+    ids = [encode_prompt(scorer.tokenizer, p.text) for p in prompts]
+    completions = engine.generate(ids, engine.sampling_params(n, temperature, 12))
+    return GeneratedBatch(prompts, ids, completions, engine.version)
+
+
+def task_prompt(text: str) -> Prompt:
+    a, b = text.rstrip("=").split("+")
+    return Prompt(prompt_id=text, text=text, answer=str(int(a) + int(b)))
+
+
+def hf_greedy(model, tokenizer, texts: list[str], max_new: int = 12) -> list[list[int]]:
+    out = []
+    with torch.inference_mode():
+        for text in texts:
+            ids = torch.tensor([encode_prompt(tokenizer, text)])
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+            out.append(gen[0, ids.shape[1]:].tolist())
+    return out
+
+
+def vllm_greedy(engine: Engine, tokenizer, texts: list[str], max_new: int = 12) -> list[list[int]]:
+    ids = [encode_prompt(tokenizer, t) for t in texts]
+    return [g[0].token_ids for g in engine.generate(ids, engine.sampling_params(1, 0.0, max_new))]
+
+
+def read_stream(redis_server) -> list[ScoredGroup]:
+    entries = redis_server.client().xrange(Keys("t").trajectories)
+    return [decode(f[STREAM_FIELD.encode()], ScoredGroup, vocab_size=92) for _id, f in entries]
+
+
+def test_idle_engine_workers_sleep_instead_of_spinning(parts) -> None:
+    engine, scorer = parts
+    # Both engines' workers loaded the extension, which shortened vLLM's one-second busy loop.
+    assert engine.llm.collective_rpc("spin_window") == [0.01]
+    assert scorer.reference.llm.collective_rpc("spin_window") == [0.01]
+
+
+def test_logprobs_equal_the_trainers_computation(parts, tiny_model: Path) -> None:
+    engine, scorer = parts
+    groups = scorer.score(generate_batch(engine, scorer, n=8))
+    assert len(groups) == len(PROMPTS) and all(len(g.samples) == 8 for g in groups)
+    reasons = [s.finish_reason for g in groups for s in g.samples]
+    assert "stop" in reasons and "length" in reasons  # EOS-terminated completions are compared too
+    prompts = [g.prompt_ids for g in groups for _ in g.samples]
+    completions = [s.completion_ids for g in groups for s in g.samples]
+    # The trainer's side: a fresh load of the reference (= base) model, the shared log-prob function.
+    with torch.no_grad():
+        expected = sequence_logprobs(hf_model(tiny_model), prompts, completions, T, scorer.pad_id)
+    ref = torch.tensor([s.ref_logprob_sum for g in groups for s in g.samples])
+    behaviour = torch.tensor([s.logprob_sum for g in groups for s in g.samples])
+    torch.testing.assert_close(ref, expected, atol=1e-4, rtol=1e-5)
+    # At version 0 the policy is the reference: vLLM's tempered log-probs agree with the trainer's ...
+    torch.testing.assert_close(behaviour, expected, atol=2e-3, rtol=1e-4)
+    # ... which is why, while the engine serves the base weights, they are reused as the reference ones.
+    batch = generate_batch(engine, scorer)
+    batch.ref_is_policy = True
+    reused = scorer.score(batch)
+    assert all(s.ref_logprob_sum == s.logprob_sum for g in reused for s in g.samples)
+
+
+def test_completions_rewards_and_envelope(parts) -> None:
+    engine, scorer = parts
+    groups = scorer.score(generate_batch(engine, scorer, n=8))
+    tok = scorer.tokenizer
+    for g in groups:
+        assert g.prompt_ids == encode_prompt(tok, g.prompt_text)
+        assert g.policy_version == engine.version and g.searcher_id == "s-test" and g.task == "arithmetic"
+        for s in g.samples:
+            ends_with_eos = s.completion_ids[-1] == tok.eos_token_id
+            assert s.finish_reason == ("stop" if ends_with_eos else "length")
+            assert len(s.completion_ids) <= 12
+            assert s.completion_text == tok.decode(s.completion_ids, skip_special_tokens=True)
+            assert tok.eos_token not in s.completion_text
+            answer = str(sum(int(x) for x in g.prompt_text.rstrip("=").split("+")))
+            assert s.reward == (1.0 if s.completion_text.strip() == answer else 0.0)
+    assert len({g.group_id for g in groups}) == len(groups)
+
+
+def test_per_token_logprobs_on_request(parts) -> None:
+    engine, scorer = parts
+    default = engine.settings
+    engine.settings = default.model_copy(update={"per_token_logprobs": True})
+    try:
+        groups = scorer.score(generate_batch(engine, scorer, n=2))
+    finally:
+        engine.settings = default
+    for s in (s for g in groups for s in g.samples):
+        assert len(s.token_logprobs) == len(s.completion_ids)
+        assert abs(sum(s.token_logprobs) - s.logprob_sum) < 1e-3
+    assert all(s.token_logprobs is None for g in scorer.score(generate_batch(engine, scorer, n=2)) for s in g.samples)
+
+
+def test_loop_publishes_scored_groups(parts, redis_server, tmp_path: Path, tiny_model: Path) -> None:
+    engine, scorer = parts
+    settings = settings_for(tiny_model, tmp_path, redis_server.url, max_batches=2, prompts_per_batch=3)
+    searcher = Searcher(settings, engine, scorer)
+    try:
+        assert searcher.run() == 0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    groups = read_stream(redis_server)
+    assert len(groups) == 6 and all(len(g.samples) == 4 for g in groups)
+    assert {g.searcher_id for g in groups} == {"s-test"} and {g.policy_version for g in groups} == {engine.version}
+    assert len({g.group_id for g in groups}) == 6
+    assert status["groups_published"] == 6 and status["samples_published"] == 24 and status["spilled"] == 0
+    assert status["tokens_generated"] == sum(len(s.completion_ids) for g in groups for s in g.samples)
+    # The engine still serves the base weights: the reference log-probs are the behaviour ones.
+    assert all(s.ref_logprob_sum == s.logprob_sum for g in groups for s in g.samples)
+    assert status["state"] == "stopped" and status["version"] == engine.version
+
+
+def test_redis_down_spills_then_next_start_publishes_in_order(parts, redis_server, tmp_path, tiny_model) -> None:
+    engine, scorer = parts
+    settings = settings_for(tiny_model, tmp_path, redis_server.url, prompts_per_batch=3, flush_timeout_seconds=0.5)
+    redis_server.stop(kill=True)
+    searcher = Searcher(settings, engine, scorer)
+    try:
+        assert searcher.run() == 0  # nothing to publish to: the batch goes to disk, the loop still exits cleanly
+        status = searcher.status()
+        spilled = [decode(e.payload, ScoredGroup) for e in searcher.spill.peek(100)]
+    finally:
+        searcher.close()
+    assert status["spilled"] == 3 and status["groups_published"] == 0 and status["redis_up"] == 0
+    assert [g.prompt_id for g in spilled] and len(list((tmp_path / "spill").glob("*.msgpack"))) == 3
+
+    redis_server.start()
+    searcher = Searcher(settings, engine, scorer)  # the restarted searcher, same spill directory
+    try:
+        assert searcher.run() == 0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    published = read_stream(redis_server)
+    assert [g.group_id for g in published[:3]] == [g.group_id for g in spilled]  # the backlog first, in order
+    assert len(published) == 6 and status["spilled"] == 0 and status["redis_up"] == 1
+    assert not list((tmp_path / "spill").glob("*.msgpack"))
+
+
+def test_hot_reload_serves_new_weights_and_stamps_the_version(parts, redis_server, tmp_path, tiny_model) -> None:
+    engine, scorer = parts
+    settings = settings_for(tiny_model, tmp_path, redis_server.url)
+    store = CheckpointStore(settings.checkpoint_dir)
+    tmp = store.new_tmp_dir()
+    init_model(tmp, seed=123)  # different weights, same architecture and tokenizer
+    new_model = hf_model(tmp)
+    expected = hf_greedy(new_model, scorer.tokenizer, PROMPTS)
+    assert vllm_greedy(engine, scorer.tokenizer, PROMPTS) != expected  # the old weights answer differently
+    announce(redis_server.client(), Keys("t"), store.commit(tmp, version=1, step=1))
+
+    searcher = Searcher(settings, engine, scorer)
+    try:
+        assert searcher.run() == 0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    assert engine.version == 1 and status["version"] == 1 and status["reloads"] == 1
+    assert status["reload_ms_last"] is not None and status["reload_ms_last"] > 0
+    published = read_stream(redis_server)
+    assert {g.policy_version for g in published} == {1}
+    # Now policy != reference: the published reference log-probs are the trainer's computation on the base.
+    with torch.no_grad():
+        ref = sequence_logprobs(hf_model(tiny_model), [g.prompt_ids for g in published for _ in g.samples],
+                                [s.completion_ids for g in published for s in g.samples], T, scorer.pad_id)
+    torch.testing.assert_close(torch.tensor([s.ref_logprob_sum for g in published for s in g.samples]), ref,
+                               atol=1e-4, rtol=1e-5)
+    assert vllm_greedy(engine, scorer.tokenizer, PROMPTS) == expected  # token for token, EOS included
+    # The behaviour log-probs now come from the new weights: they match the trainer's computation on them.
+    groups = scorer.score(generate_batch(engine, scorer))
+    with torch.no_grad():
+        on_new = sequence_logprobs(new_model, [g.prompt_ids for g in groups for _ in g.samples],
+                                   [s.completion_ids for g in groups for s in g.samples], T, scorer.pad_id)
+    torch.testing.assert_close(torch.tensor([s.logprob_sum for g in groups for s in g.samples]), on_new,
+                               atol=2e-3, rtol=1e-4)
+
+
+def test_refuses_a_corrupt_checkpoint_then_skips_to_the_newest(parts, redis_server, tmp_path, tiny_model) -> None:
+    engine, scorer = parts
+    start = engine.version
+    settings = settings_for(tiny_model, tmp_path, redis_server.url)
+    store = CheckpointStore(settings.checkpoint_dir)
+    keys = Keys("t")
+    client = redis_server.client()
+
+    tmp = store.new_tmp_dir()
+    init_model(tmp, seed=7)
+    bad = store.commit(tmp, version=start + 1, step=start + 1)
+    weights = store.step_dir(bad.version) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped byte of weights: still a loadable file, but not what was published
+    weights.write_bytes(bytes(data))
+    announce(client, keys, bad)
+    before = vllm_greedy(engine, scorer.tokenizer, PROMPTS)
+    searcher = Searcher(settings, engine, scorer)
+    try:
+        assert searcher.run() == 0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    assert engine.version == start and status["rejected_checkpoints"] == 1 and status["reloads"] == 0
+    assert {g.policy_version for g in read_stream(redis_server)} == {start}
+    assert vllm_greedy(engine, scorer.tokenizer, PROMPTS) == before  # weights untouched
+
+    for v, seed in ((start + 2, 8), (start + 3, 9)):  # two arrive before the next batch
+        tmp = store.new_tmp_dir()
+        init_model(tmp, seed=seed)
+        announce(client, keys, store.commit(tmp, version=v, step=v))
+    searcher = Searcher(settings, engine, scorer)
+    try:
+        assert searcher.run() == 0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    assert engine.version == start + 3 and status["reloads"] == 1
+    assert hf_greedy(hf_model(store.step_dir(start + 3)), scorer.tokenizer, PROMPTS) == vllm_greedy(
+        engine, scorer.tokenizer, PROMPTS)
+
+
+def test_reference_after_a_reload_is_the_trainers_computation_on_the_base(parts, tmp_path, tiny_model) -> None:
+    engine, scorer = parts
+    assert scorer.reference.backend == "vllm"  # the CPU default: a second engine on a tempered copy of the base
+    engine.reload(init_model(tmp_path / "policy", seed=321), engine.version + 1)
+    batch = generate_batch(engine, scorer, n=8)
+    assert not batch.ref_is_policy  # the policy is no longer the reference: the reference pass runs
+    groups = scorer.score(batch)
+    prompts = [g.prompt_ids for g in groups for _ in g.samples]
+    completions = [s.completion_ids for g in groups for s in g.samples]
+    # The same prompts with completions that end in EOS, as emitted ones do (whatever this batch drew).
+    tok = scorer.tokenizer
+    answers = [str(sum(int(x) for x in text.rstrip("=").split("+"))) for text in PROMPTS]
+    eos_prompts = [encode_prompt(tok, text) for text in PROMPTS]
+    eos_completions = [tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for a in answers]
+    ref = [s.ref_logprob_sum for g in groups for s in g.samples] + scorer.ref_logprobs(eos_prompts, eos_completions)
+    # The trainer's side: a fresh load of the reference (= base) model, the shared log-prob function.
+    with torch.no_grad():
+        expected = sequence_logprobs(hf_model(tiny_model), prompts + eos_prompts, completions + eos_completions, T,
+                                     scorer.pad_id)
+    torch.testing.assert_close(torch.tensor(ref), expected, atol=1e-4, rtol=1e-5)
+    behaviour = torch.tensor([s.logprob_sum for g in groups for s in g.samples])
+    assert (behaviour - expected[: len(behaviour)]).abs().max() > 0.1  # not the new policy's numbers
+    # A pair asked for twice is scored once, and both get its value.
+    scored = scorer.ref_pairs_scored
+    again = scorer.ref_logprobs(eos_prompts + eos_prompts[:2], eos_completions + eos_completions[:2])
+    assert scorer.ref_pairs_scored - scored == len(eos_prompts)
+    assert again[-2:] == again[:2] and again[:2] == pytest.approx(ref[-len(eos_prompts):][:2], abs=1e-4)
+
+
+def test_a_paced_searcher_waits_for_a_newer_policy(parts, redis_server, tmp_path, tiny_model) -> None:
+    """TBA_MAX_BATCHES_PER_VERSION=1: one batch per policy version, then a pause until a checkpoint lands."""
+    import threading
+    import time
+
+    engine, scorer = parts
+    start = engine.version
+    settings = settings_for(tiny_model, tmp_path, redis_server.url, max_batches=3, max_batches_per_version=1,
+                            pace_max_wait_seconds=120)
+    store = CheckpointStore(settings.checkpoint_dir)
+    searcher = Searcher(settings, engine, scorer)
+
+    def wait_for(cond, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, searcher.status()
+            time.sleep(0.05)
+
+    paused = "paused: waiting for a newer policy"
+    thread = threading.Thread(target=searcher.run)
+    thread.start()
+    try:
+        wait_for(lambda: searcher.state == paused)
+        time.sleep(1.0)
+        assert searcher.batches == 1 and searcher.status()["paced_seconds"] > 0
+        assert searcher.ready()[0], "a paced searcher is still ready"
+        tmp = store.new_tmp_dir()
+        init_model(tmp, seed=7)
+        announce(redis_server.client(), Keys("t"), store.commit(tmp, version=start + 1, step=start + 1))
+        wait_for(lambda: searcher.batches == 2 and searcher.state == paused)
+        assert engine.version == start + 1
+    finally:
+        searcher.request_stop()
+        thread.join(60)
+        searcher.close()
+    assert sorted({g.policy_version for g in read_stream(redis_server)}) == [start, start + 1]

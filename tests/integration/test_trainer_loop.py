@@ -1,0 +1,356 @@
+"""The trainer service against a real buffer process and a real Redis.
+
+The test stands in for the searchers: it writes scored groups of the tiny model
+(real completions, rewards and reference log-probs) to the trajectory stream,
+which the real buffer (`tba buffer`, a subprocess) ingests. The trainer runs
+in-process for status checks, and as a `tba trainer` subprocess for SIGTERM and
+`kill -9`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from services.trainer.checkpoints import load_state
+from services.trainer.loop import Trainer
+from tba.checkpoints import TMP_PREFIX, CheckpointStore, parse_manifest
+from tba.codec import encode
+from tba.keys import STREAM_FIELD, Keys
+from tba.schemas import ScoredGroup, ScoredSample
+from tba.settings import SettingsError, TrainerSettings
+from tests.conftest import free_port
+
+T = 0.7
+NS = "trn"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def group_pool(tiny_model) -> list[ScoredGroup]:
+    """12 prompts x 6 completions drawn from the tiny model, scored, with reference log-probs (version 0)."""
+    from transformers import AutoModelForCausalLM
+
+    from tba.model.logprobs import sequence_logprobs
+    from tba.model.tokenizer import encode_prompt, load_tokenizer
+    from tba.tasks import make_task
+
+    torch.manual_seed(0)
+    tok = load_tokenizer(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    task = make_task("arithmetic", {"digits": 1})
+    groups, seen = [], set()
+    for prompt in task.train_prompts(seed=0):
+        if prompt.prompt_id in seen:
+            continue
+        seen.add(prompt.prompt_id)
+        ids = encode_prompt(tok, prompt.text)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), do_sample=True, temperature=T, top_k=0, max_new_tokens=4,
+                                 num_return_sequences=6, pad_token_id=tok.pad_token_id)
+            completions = [c[: c.index(tok.eos_token_id) + 1] if tok.eos_token_id in c else c
+                           for c in out[:, len(ids):].tolist()]
+            ref = sequence_logprobs(model, [ids] * 6, completions, T, tok.pad_token_id).tolist()
+        samples = [ScoredSample(completion_ids=c, completion_text=tok.decode(c, skip_special_tokens=True),
+                                reward=task.reward(prompt, tok.decode(c, skip_special_tokens=True)),
+                                logprob_sum=lp, ref_logprob_sum=lp) for c, lp in zip(completions, ref, strict=True)]
+        groups.append(ScoredGroup(prompt_id=prompt.prompt_id, prompt_text=prompt.text, prompt_ids=ids,
+                                  task="arithmetic", policy_version=0, searcher_id="test", samples=samples))
+        if len(groups) == 12:
+            return groups
+    raise AssertionError("unreachable")
+
+
+def publish_groups(redis_client, groups: list[ScoredGroup], version: int) -> int:
+    """XADD the groups as a searcher of ``version`` would; returns the number of samples sent."""
+    keys = Keys(NS)
+    n = 0
+    for g in groups:
+        fresh = g.model_copy(update={"policy_version": version, "group_id": f"{g.prompt_id}-v{version}"})
+        redis_client.xadd(keys.trajectories, {STREAM_FIELD: encode(fresh)})
+        n += len(g.samples)
+    return n
+
+
+class BufferProcess:
+    """`tba buffer` as a subprocess on a free port."""
+
+    def __init__(self, redis_url: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.redis_url = redis_url
+        self.log_path = log_path
+        self.env: dict[str, str] = {}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> BufferProcess:
+        env = {**os.environ, "TBA_REDIS_URL": self.redis_url, "TBA_NAMESPACE": NS, "TBA_LOG_LEVEL": "WARNING",
+               **self.env}
+        self.proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer", "--port", str(self.port)],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"))
+        wait_for(lambda: _http_ok(f"{self.url}/readyz"), 60, f"buffer to start (log {self.log_path})")
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(30)
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.url}/v1/stats", timeout=5).json()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for(cond, timeout: float, what: str, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def buffer(redis_server, tmp_path):
+    proc = BufferProcess(redis_server.url, tmp_path / "buffer.log")
+    yield proc
+    proc.stop()
+
+
+def settings_for(redis_server, buffer: BufferProcess, tiny_model: Path, tmp_path: Path, **kw) -> TrainerSettings:
+    base = dict(
+        redis_url=redis_server.url, namespace=NS, buffer_url=buffer.url, model=tiny_model,
+        checkpoint_dir=tmp_path / "ckpt", metrics_port=0, prompts_per_step=2, samples_per_prompt=4,
+        warmup_samples=24, checkpoint_every=2, checkpoint_grace_seconds=0.0, poll_seconds=0.05, lr=1e-3,
+        metrics_file=tmp_path / "metrics.jsonl", torch_threads=1,
+    )
+    return TrainerSettings(**(base | kw))
+
+
+def run_in_thread(trainer: Trainer) -> tuple[threading.Thread, list[int]]:
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(trainer.run()), daemon=True)
+    thread.start()
+    return thread, codes
+
+
+def test_async_run_waits_survives_buffer_outages_and_stops_at_max_steps(
+        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    """Buffer down at start, then empty, then filled, then killed and restarted mid-run: 0 at max_steps."""
+    s = settings_for(redis_server, buffer, tiny_model, tmp_path, max_steps=5)
+    trainer = Trainer(s)
+    thread, codes = run_in_thread(trainer)
+    health = wait_for(lambda: trainer.health, 60, "the health server")
+    base = f"http://127.0.0.1:{health.port}"
+    wait_for(lambda: trainer.client.failures >= 2 if hasattr(trainer, "client") else False, 60,
+             "retries while the buffer is down")
+    assert httpx.get(f"{base}/status").json()["state"] == "warmup"
+    ready = httpx.get(f"{base}/readyz")
+    assert ready.status_code == 503 and "not reachable" in ready.text
+
+    buffer.start()
+    wait_for(lambda: trainer.client.reachable, 30, "the trainer to reach the buffer")
+    time.sleep(0.3)
+    assert trainer.step == 0 and httpx.get(f"{base}/status").json()["state"] == "warmup", "warm-up not reached"
+    r = redis_server.client()
+    sent = publish_groups(r, group_pool, version=0)
+    wait_for(lambda: trainer.step >= 2, 120, "two steps")
+    status = httpx.get(f"{base}/status").json()
+    for field in ("step", "version", "loss", "reward_mean", "log_Z_mean", "kl", "beta", "samples_per_s",
+                  "tokens_per_s", "wait_s", "staleness", "state"):
+        assert field in status and status[field] is not None, field
+    assert status["state"] in ("training", "waiting")
+    assert "tba_trainer_step" in httpx.get(f"{base}/metrics").text
+
+    buffer.stop(kill=True)
+    failures = trainer.client.failures
+    wait_for(lambda: trainer.client.failures > failures, 60, "retries after the buffer died")
+    buffer.start()
+    thread.join(180)
+    assert codes == [0] and trainer.step == 5
+    assert 24 <= buffer.stats()["samples"] <= sent
+
+    store = CheckpointStore(s.checkpoint_dir)
+    assert store.versions() == [2, 4, 5], "every k=2 steps, then a final one at max_steps"
+    manifest = store.read_manifest()
+    assert manifest.version == 5 and parse_manifest(r.get(Keys(NS).latest_manifest)) == manifest
+    store.verify(manifest)
+    assert load_state(store.resolve(manifest)).step == 5
+    rows = [json.loads(x) for x in s.metrics_file.read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
+    for row in rows:
+        assert row["samples"] == 8 and sum(row["staleness_hist"].values()) == 8
+        assert row["beta"] == 0.05 and row["loss"] >= 0 and row["tokens"] > 0
+    assert trainer.status()["state"] == "done"
+
+
+def test_sync_mode_trains_only_on_the_current_version(redis_server, buffer, tiny_model, tmp_path, group_pool):
+    """Sync GRPO: a checkpoint every step, each batch entirely from the version just published."""
+    buffer.start()
+    r = redis_server.client()
+    publish_groups(r, group_pool[:6], version=0)
+    published: list[int] = []
+    stop = threading.Event()
+
+    def searcher() -> None:
+        # Plays the searchers: on each announced version, publish groups labelled with it.
+        listener = redis_server.client()
+        pubsub = listener.pubsub()
+        pubsub.subscribe(Keys(NS).checkpoint_channel)
+        while not stop.is_set():
+            msg = pubsub.get_message(timeout=0.2)
+            if msg and msg["type"] == "message":
+                v = parse_manifest(msg["data"]).version
+                published.append(v)
+                publish_groups(r, group_pool[v % 2 * 6: v % 2 * 6 + 6], version=v)
+
+    t = threading.Thread(target=searcher, daemon=True)
+    t.start()
+    s = settings_for(redis_server, buffer, tiny_model, tmp_path, mode="sync", loss="grpo", max_steps=3,
+                     recency_prob=0.0, checkpoint_every=5, warmup_samples=8)
+    try:
+        assert Trainer(s).run() == 0
+    finally:
+        stop.set()
+        t.join(5)
+    rows = [json.loads(x) for x in s.metrics_file.read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1, 2, 3]
+    assert all(row["staleness_hist"] == {"0": 8} for row in rows), "only samples of the current version"
+    assert published == [1, 2, 3] and CheckpointStore(s.checkpoint_dir).versions() == [1, 2, 3]
+    assert all("advantage_abs_mean" in row for row in rows)
+
+
+def test_a_bad_token_stops_the_run_with_a_clear_error(redis_server, buffer, tiny_model, tmp_path, group_pool):
+    """A 401 from the buffer is our misconfiguration: exit 1 at once, no retry loop."""
+    buffer.env["TBA_AUTH_TOKEN"] = "right-token"
+    buffer.start()
+    publish_groups(redis_server.client(), group_pool, version=0)
+    wait_for(lambda: buffer.stats()["samples"] >= 24, 30, "ingest")
+    s = settings_for(redis_server, buffer, tiny_model, tmp_path, auth_token="wrong-token", max_steps=2)
+    trainer = Trainer(s)
+    assert trainer.run() == 1
+    assert trainer.step == 0 and CheckpointStore(s.checkpoint_dir).versions() == []
+
+
+class Announcements:
+    """Every checkpoint announcement on the channel, collected by a thread: version -> content hashes."""
+
+    def __init__(self, client) -> None:
+        self.client = client  # a collected client closes its pool, and with it the subscription
+        self.pubsub = client.pubsub()
+        self.pubsub.subscribe(Keys(NS).checkpoint_channel)
+        assert self.pubsub.get_message(timeout=5)["type"] == "subscribe"
+        self.seen: dict[int, set[str]] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._listen, daemon=True)
+        self.thread.start()
+
+    def _listen(self) -> None:
+        while not self.done.is_set():
+            msg = self.pubsub.get_message(timeout=0.2)
+            if msg and msg["type"] == "message":
+                m = parse_manifest(msg["data"])
+                self.seen.setdefault(m.version, set()).add(m.content_hash)
+
+    def close(self) -> dict[int, set[str]]:
+        time.sleep(0.5)
+        self.done.set()
+        self.thread.join(5)
+        self.pubsub.close()
+        return self.seen
+
+
+def latest_version(store: CheckpointStore) -> int:
+    manifest = store.read_manifest()
+    return -1 if manifest is None else manifest.version
+
+
+def start_trainer(env: dict, log_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tba.cli", "trainer"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=log_path.open("a"))
+
+
+def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buffer, tiny_model, tmp_path, group_pool):
+    """`tba trainer` killed with -9 (aimed at a checkpoint write), restarted with the same settings, then SIGTERM."""
+    buffer.start()
+    publish_groups(redis_server.client(), group_pool, version=0)
+    ckpt, metrics_file = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    store = CheckpointStore(ckpt)
+    env = {**os.environ, "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": NS, "TBA_BUFFER_URL": buffer.url,
+           "TBA_MODEL": str(tiny_model), "TBA_CHECKPOINT_DIR": str(ckpt), "TBA_MAX_STEPS": "1000",
+           "TBA_CHECKPOINT_EVERY": "2", "TBA_KEEP_CHECKPOINTS": "3", "TBA_CHECKPOINT_GRACE_SECONDS": "0",
+           "TBA_PROMPTS_PER_STEP": "2", "TBA_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24",
+           "TBA_TORCH_THREADS": "1", "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3",
+           "TBA_METRICS_FILE": str(metrics_file)}
+    announcements = Announcements(redis_server.client())
+    log_path = tmp_path / "trainer.log"
+
+    a = start_trainer(env, log_path)
+    try:
+        wait_for(lambda: latest_version(store) >= 4, 120, "version 4")
+        try:  # aim the kill at a checkpoint being written; any moment will do if none is caught
+            wait_for(lambda: any(p.name.startswith(TMP_PREFIX) for p in ckpt.iterdir()), 5, "a write", 0.001)
+        except AssertionError:
+            pass
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+    newest = max(store.versions())
+    store.verify(store.read_manifest())  # LATEST never names a half-written directory
+    assert store.read_manifest().version in (newest, newest - 2)
+    steps_done = max(json.loads(x)["step"] for x in metrics_file.read_text().splitlines())
+    assert steps_done - newest <= 2, "a crash loses at most k steps"
+
+    b = start_trainer(env, log_path)
+    try:
+        wait_for(lambda: latest_version(store) >= newest + 4, 120, "two new versions after the restart")
+        b.send_signal(signal.SIGTERM)
+        assert b.wait(60) == 0
+    finally:
+        if b.poll() is None:
+            b.kill()
+    log_text = log_path.read_text()
+    assert f"resumed from step-{newest:06d}: step {newest}, version {newest}" in log_text
+    assert "(stop requested)" in log_text
+    stopped_at = store.read_manifest()
+    assert load_state(store.verify(stopped_at)).step == stopped_at.version, "SIGTERM saved the step it reached"
+    steps = [json.loads(x)["step"] for x in metrics_file.read_text().splitlines()]
+    assert steps[-1] == stopped_at.version and newest + 1 in steps[steps.index(steps_done):]
+    assert not any(p.name.startswith(TMP_PREFIX) for p in ckpt.iterdir()), "crash leftovers pruned"
+    hashes = announcements.close()
+    assert all(len(h) == 1 for h in hashes.values()), f"a version number was reused: {hashes}"
+    assert newest in hashes and max(hashes) == stopped_at.version
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path) -> None:
+    """`tba` turns SettingsError into exit 2 with the message; the trainer raises it before any training."""
+    s = TrainerSettings(model=tmp_path / "nothing", checkpoint_dir=tmp_path / "c", buffer_url="http://127.0.0.1:9")
+    trainer = Trainer(s)
+    with pytest.raises(SettingsError, match=r"TBA_MODEL / --model: .*nothing.*tba model init"):
+        trainer.run()
+    assert trainer.status()["state"] == "done" and not (tmp_path / "c").exists()

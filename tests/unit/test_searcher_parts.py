@@ -1,0 +1,69 @@
+"""Pure parts of the searcher: reference batching, rates, seeds, the metrics view of the status."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+
+from services.searcher.loop import AbandonBatch, StopControl, replica_seed
+from services.searcher.metrics import EXPORTED, RateWindow, StatusCollector
+from services.searcher.reference import token_budget_chunks
+
+
+@given(st.lists(st.integers(1, 300), min_size=0, max_size=200), st.integers(64, 4096))
+def test_chunks_cover_every_row_once_within_budget(lengths: list[int], budget: int) -> None:
+    chunks = token_budget_chunks(lengths, budget)
+    flat = [i for c in chunks for i in c]
+    assert sorted(flat) == list(range(len(lengths)))
+    for c in chunks:
+        padded = len(c) * max(lengths[i] for i in c)
+        assert padded <= budget or len(c) == 1  # a single over-long row still gets its own pass
+
+
+def test_chunks_group_similar_lengths() -> None:
+    chunks = token_budget_chunks([100, 5, 100, 5], budget=200)
+    assert sorted(map(sorted, chunks)) == [[0, 2], [1, 3]]
+
+
+def test_rate_window() -> None:
+    now = [0.0]
+    rates = RateWindow(window=10.0, clock=lambda: now[0])
+    now[0] = 2.0
+    rates.add(groups=2, samples=16, tokens=160)
+    now[0] = 4.0
+    assert rates.rates() == (0.5, 4.0, 40.0)  # 4 s since start
+    now[0] = 20.0  # the event left the window
+    assert rates.rates() == (0.0, 0.0, 0.0)
+
+
+def test_replica_seeds_differ_by_id_and_are_stable() -> None:
+    assert replica_seed(0, "searcher-0") == replica_seed(0, "searcher-0")
+    seeds = {replica_seed(0, f"searcher-{i}") for i in range(50)}
+    assert len(seeds) == 50
+    assert replica_seed(1, "searcher-0") != replica_seed(0, "searcher-0")
+
+
+def test_status_exported_as_prometheus() -> None:
+    status = {name: 3 for name in EXPORTED} | {"version": 7, "searcher_id": "s", "state": "running"}
+    registry = CollectorRegistry()
+    registry.register(StatusCollector(lambda: status))
+    text = generate_latest(registry).decode()
+    assert "tba_searcher_version 7.0" in text
+    assert "tba_searcher_groups_published_total 3.0" in text
+    assert "tba_searcher_tokens_per_s 3.0" in text
+    assert "tba_searcher_spilled 3.0" in text
+
+
+def test_first_signal_finishes_the_batch_second_abandons_it() -> None:
+    stop = StopControl()
+    stop.generating = True
+    stop.on_signal(signal.SIGTERM)  # first: only asks to stop after this batch
+    assert stop.requested
+    with pytest.raises(AbandonBatch):
+        stop.on_signal(signal.SIGTERM)  # second, mid-generation: cuts the batch short
+    stop.generating = False
+    stop.on_signal(signal.SIGTERM)  # between batches there is nothing to abandon: no exception

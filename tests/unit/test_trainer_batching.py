@@ -1,0 +1,139 @@
+"""Micro-batches by token budget: whole prompts only, and the same gradient as one big batch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from services.trainer.batching import Row, plan_micro_batches, rows_from_batch, staleness_histogram
+from services.trainer.learner import Learner
+from services.trainer.losses import make_loss
+from services.trainer.optim import LRSchedule, build_optimizer
+from tba.schemas import SampledBatch, SampledGroup, SampledSample
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models run fastest on one thread, and the CI cores are shared with other tests."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_rows(num_prompts: int = 6, K: int = 4, seed: int = 0) -> list[Row]:
+    rng = random.Random(seed)
+    rows = []
+    for p in range(num_prompts):
+        prompt = (1, *(rng.randrange(4, 80) for _ in range(rng.randint(2, 8))))
+        for _ in range(K):
+            completion = tuple(rng.randrange(4, 80) for _ in range(rng.randint(1, 9)))
+            rows.append(Row(("arithmetic", f"p{p}"), prompt, completion, float(rng.random() > 0.5),
+                            -rng.uniform(5, 30), version=rng.randint(0, 3), staleness=rng.randint(0, 3)))
+    rng.shuffle(rows)
+    return rows
+
+
+@pytest.mark.parametrize("budget", [64, 100, 200, 10_000])
+def test_plan_keeps_prompts_whole_and_respects_the_budget(budget: int) -> None:
+    rows = make_rows()
+    plan = plan_micro_batches(rows, budget)
+    assert sum(mb.size for mb in plan) == len(rows)
+    seen: dict[str, int] = {}
+    for i, mb in enumerate(plan):
+        groups = {}
+        for prompt, idx in zip(mb.prompts, mb.prompt_index.tolist(), strict=True):
+            groups.setdefault(idx, set()).add(tuple(prompt))
+        assert all(len(v) == 1 for v in groups.values()), "one local index = one prompt"
+        for idx in groups:
+            key = f"{i}:{idx}"
+            seen[key] = sum(1 for j in mb.prompt_index.tolist() if j == idx)
+        lengths = [len(p) + len(c) for p, c in zip(mb.prompts, mb.completions, strict=True)]
+        assert mb.padded_tokens == mb.size * max(lengths)
+        if len(groups) > 1:
+            assert mb.padded_tokens <= budget
+    assert sorted(seen.values()) == [4] * 6, "every prompt's 4 samples sit in exactly one micro-batch"
+    if budget == 10_000:
+        assert len(plan) == 1
+
+
+def test_plan_gives_an_oversize_prompt_its_own_micro_batch(caplog) -> None:
+    rows = make_rows(num_prompts=3, K=8)
+    plan = plan_micro_batches(rows, 64)
+    assert len(plan) == 3 and all(mb.size == 8 for mb in plan)
+    assert "over the budget" in caplog.text
+
+
+def sampled_batch(groups: list[tuple[str, list[int], list[list[int]]]]) -> SampledBatch:
+    return SampledBatch(trainer_version=3, groups=[
+        SampledGroup(prompt_id=pid, prompt_ids=prompt, task="arithmetic", branch="reward", samples=[
+            SampledSample(completion_ids=c, reward=1.0, logprob_sum=-1.0, ref_logprob_sum=-2.0, version=1,
+                          staleness=2) for c in comps])
+        for pid, prompt, comps in groups
+    ])
+
+
+def test_rows_from_batch_merges_a_prompt_served_twice_and_drops_bad_groups() -> None:
+    batch = sampled_batch([
+        ("a", [1, 5, 6], [[7, 2], [8, 2]]),
+        ("b", [1, 9], [[7, 500]]),  # token id beyond the vocabulary
+        ("a", [1, 5, 6], [[9, 2]]),  # the same prompt again: one log Z over 3 samples
+        ("c", [1, 9], [[7] * 300]),  # longer than the model
+        ("a", [1, 5, 7], [[9, 2]]),  # same id, other tokens: inconsistent
+    ])
+    rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
+    assert len(rows) == 3 and {r.prompt_key for r in rows} == {("arithmetic", "a")}
+    assert len(problems) == 3
+    assert "vocabulary" in problems[0] and "exceeds" in problems[1] and "different prompt" in problems[2]
+    plan = plan_micro_batches(rows, 10_000)
+    assert plan[0].prompt_index.tolist() == [0, 0, 0]
+    assert staleness_histogram(rows) == {2: 3}
+
+
+def grads_after_accumulate(model, rows, budget: int, loss: str = "tb") -> torch.Tensor:
+    optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
+    learner = Learner(model, optimizer, scheduler, make_loss(loss), temperature=0.7, pad_id=0,
+                      token_budget=budget, grad_clip=None)
+    model.zero_grad(set_to_none=True)
+    learner.accumulate(rows, beta=0.1)
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("loss", ["tb", "grpo"])
+def test_micro_batching_and_shuffling_give_the_gradient_of_one_batch(tiny_model, loss: str) -> None:
+    """Different budgets change the padding and the split; shuffling changes positions: same gradient."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    rows = make_rows(num_prompts=4, K=3)
+    whole = grads_after_accumulate(model, rows, 100_000, loss)
+    split = grads_after_accumulate(model, rows, 64, loss)
+    shuffled = list(rows)
+    random.Random(1).shuffle(shuffled)
+    shuffled_split = grads_after_accumulate(model, shuffled, 90, loss)
+    assert whole.norm() > 0
+    tol = 1e-5 * whole.abs().max().item()
+    torch.testing.assert_close(split, whole, rtol=1e-4, atol=tol)
+    torch.testing.assert_close(shuffled_split, whole, rtol=1e-4, atol=tol)
+
+
+def test_padding_does_not_change_the_loss(tiny_model) -> None:
+    """A long sequence in the same forward pads every other row by ~60 tokens: same log pi, same loss."""
+    from transformers import AutoModelForCausalLM
+
+    from services.trainer.losses import LossInput, tb_loss
+    from tba.model.logprobs import sequence_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    plan = plan_micro_batches(make_rows(num_prompts=2, K=3, seed=5), 100_000)[0]
+    n = plan.size
+    with torch.no_grad():
+        alone = sequence_logprobs(model, plan.prompts, plan.completions, 0.7, 0)
+        padded = sequence_logprobs(model, plan.prompts + [[1, 4, 5]], plan.completions + [list(range(10, 70))],
+                                   0.7, 0)[:n]
+    torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-4)
+    loss = [tb_loss(LossInput(lp, plan.log_ref, plan.reward, plan.prompt_index), 0.1).loss.item()
+            for lp in (alone, padded)]
+    assert loss[1] == pytest.approx(loss[0], rel=1e-4)

@@ -1,0 +1,56 @@
+"""One step's figures reach /status, Prometheus, the JSON-lines file and the progress line alike."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from prometheus_client import generate_latest
+
+from services.trainer.learner import StepResult
+from services.trainer.metrics import TrainerMetrics
+
+
+def result() -> StepResult:
+    return StepResult(
+        metrics={"loss": 0.5, "reward_mean": 0.25, "log_Z_mean": 3.5, "kl": 0.125, "prompts": 2.0},
+        samples=8, prompts=2, tokens=160, micro_batches=2, seconds=0.5, grad_norm=1.5, lr=1e-4,
+        staleness={0: 5, 2: 3},
+    )
+
+
+def test_record_feeds_status_prometheus_file_and_log(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    path = tmp_path / "run" / "metrics.jsonl"
+    m = TrainerMetrics(metrics_file=path, max_steps=10)
+    m.set_state("training")
+    m.set_version(2)
+    m.record(3, 0.05, result(), wait_s=0.25)
+    m.record(4, 0.05, result(), wait_s=0.0)
+
+    status = m.status()
+    assert status["state"] == "training" and status["step"] == 4 and status["version"] == 2
+    assert status["tokens_per_s"] == 320 and status["samples_per_s"] == 16
+    assert status["staleness"] == {"0": 5, "2": 3} and status["staleness_mean"] == 0.75
+    assert status["log_Z_mean"] == 3.5 and status["kl"] == 0.125
+
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [3, 4] and lines[0]["wait_s"] == 0.25
+    assert lines[0]["staleness_mean"] == 6 / 8 and lines[0]["beta"] == 0.05
+    assert lines[0]["staleness_hist"] == {"0": 5, "2": 3} and lines[0]["ts"] > 1.7e9
+
+    text = generate_latest(m.registry).decode()
+    assert "tba_trainer_step 4.0" in text and "tba_trainer_samples_total 16.0" in text
+    assert 'tba_trainer_state{state="training"} 1.0' in text
+    assert "tba_trainer_sample_staleness_count 16.0" in text
+
+    assert "step 4/10 | loss 0.5 | R 0.250" in caplog.text
+    record = [r for r in caplog.records if r.name == "services.trainer.progress"][-1]
+    assert record.fields["event"] == "step" and record.fields["loss"] == 0.5
+
+
+def test_two_instances_do_not_collide_in_one_process() -> None:
+    a, b = TrainerMetrics(), TrainerMetrics()
+    a.set_version(1)
+    b.set_version(7)
+    assert a.status()["version"] == 1 and b.status()["version"] == 7

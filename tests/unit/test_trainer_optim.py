@@ -1,0 +1,56 @@
+"""Learning-rate schedules and the trainer's settings cross-checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.trainer.optim import LRSchedule, build_optimizer
+from tba.settings import SettingsError, TrainerSettings, load_settings
+
+
+def test_warmup_then_constant() -> None:
+    s = LRSchedule("constant", warmup_steps=3)
+    assert [s(i) for i in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
+
+
+def test_linear_decays_to_zero_at_max_steps() -> None:
+    s = LRSchedule("linear", warmup_steps=0, max_steps=10)
+    assert s(0) == 1.0 and s(5) == pytest.approx(0.5) and s(10) == 0.0 and s(12) == 0.0
+
+
+def test_wsd_is_stable_then_decays_over_the_last_fraction() -> None:
+    s = LRSchedule("wsd", warmup_steps=2, max_steps=100, decay_fraction=0.2)
+    assert s(0) == pytest.approx(1 / 3) and s(2) == 1.0 and s(79) == 1.0
+    assert s(80) == 1.0 and s(90) == pytest.approx(0.5) and s(100) == 0.0
+
+
+def test_scheduler_drives_adamw() -> None:
+    model = torch.nn.Linear(2, 1)
+    opt, sched = build_optimizer(model, 0.1, 0.0, LRSchedule("linear", max_steps=4))
+    lrs = []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.1, 0.075, 0.05, 0.025])
+
+
+@pytest.mark.parametrize("overrides, names", [
+    ({"beta_start": 0.1, "beta_end": 0.05}, ["TBA_BETA_END", "TBA_BETA_ANNEAL_STEPS"]),
+    ({"lr_schedule": "wsd"}, ["TBA_LR_SCHEDULE", "TBA_MAX_STEPS"]),
+    ({"lr_warmup_steps": 10, "max_steps": 5}, ["TBA_LR_WARMUP_STEPS"]),
+    ({"samples_per_prompt": 1}, ["TBA_SAMPLES_PER_PROMPT"]),
+    ({"loss": "ppo"}, ["TBA_LOSS"]),
+])
+def test_bad_trainer_settings_name_the_variable(overrides, names) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings(TrainerSettings, **overrides)
+    for name in names:
+        assert name in str(err.value)
+
+
+def test_beta_end_defaults_to_beta_start_and_anneal_accepts_both() -> None:
+    assert load_settings(TrainerSettings, beta_start=0.2).beta_end is None
+    s = load_settings(TrainerSettings, beta_start=0.014, beta_end=0.004, beta_anneal_steps=500)
+    assert (s.beta_start, s.beta_end, s.beta_anneal_steps) == (0.014, 0.004, 500)
