@@ -35,6 +35,20 @@ phase_start=$t0
 declare -A took
 phase() { local now; now=$(date +%s); took[$1]=$((now - phase_start)); phase_start=$now; echo "smoke: $1 took ${took[$1]} s"; }
 
+# Why a container is not healthy, printed where CI keeps it (the log directory does not survive CI):
+# its state, its last health probes and the end of its own log.
+explain_unhealthy() {
+    local id
+    for id in $("${COMPOSE[@]}" ps -aq); do
+        case "$(docker inspect --format '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$id")" in
+            "running healthy" | "exited " | "running ") continue ;;
+        esac
+        echo "--- $(docker inspect --format '{{.Name}}: {{.State.Status}}, exit {{.State.ExitCode}}, restarts {{.RestartCount}}, OOM-killed {{.State.OOMKilled}}' "$id")"
+        docker inspect --format '{{if .State.Health}}{{range .State.Health.Log}}probe {{.Start}}: exit {{.ExitCode}} {{.Output}}{{end}}{{end}}' "$id"
+        docker logs --tail 40 "$id" 2>&1 | cut -c1-300
+    done
+}
+
 engine_started=0
 had_engine=0
 docker info >/dev/null 2>&1 && had_engine=1
@@ -67,12 +81,15 @@ if docker run --rm --entrypoint python3 "tba/buffer:$IMAGE_TAG" -c \
     echo "smoke: the buffer image carries torch, vLLM or transformers" >&2; exit 1
 fi
 
+# What an interrupted earlier run left (containers that dockerd restarts, volumes with its checkpoints
+# and Redis data) would make this run resume that one: start from nothing.
+"${COMPOSE[@]}" down -v --remove-orphans --timeout 10 >"$LOG_DIR/preclean.log" 2>&1 || true
 # Anonymous volumes (each searcher's spill queue) carry no project label: count them around the run.
 dangling_before=$(docker volume ls -q --filter dangling=true | sort)
 stack_up=1
 # --wait: as `make up` does, return once every service is healthy (model-init: exited 0).
 "${COMPOSE[@]}" up -d --wait --wait-timeout 900 --scale searcher=2 >"$LOG_DIR/up.log" 2>&1 \
-    || { tail -30 "$LOG_DIR/up.log" >&2; exit 1; }
+    || { tail -30 "$LOG_DIR/up.log" >&2; explain_unhealthy >&2; exit 1; }
 phase up
 
 # Poll until the pass condition holds or the time runs out.

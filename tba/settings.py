@@ -97,7 +97,8 @@ class TrainerSettings(ModelSettings):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     lr_schedule: Literal["constant", "linear", "wsd"] = Field("constant", description="LR schedule after warmup.")
     lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
-    lr_decay_fraction: float = Field(0.1, gt=0.0, le=1.0, description="wsd: final fraction of max_steps that decays.")
+    lr_decay_fraction: float = Field(
+        0.1, gt=0.0, le=1.0, description="wsd: final fraction of the run (max_steps or max_seconds) that decays.")
     beta_start: float = Field(0.05, gt=0.0, description="KL coefficient beta at step 1.")
     beta_end: float | None = Field(
         None, gt=0.0, description="KL coefficient beta after the anneal (unset: beta_start).",
@@ -110,6 +111,9 @@ class TrainerSettings(ModelSettings):
     checkpoint_grace_seconds: float = Field(60.0, ge=0.0, description="Never delete a checkpoint younger than this.")
     warmup_samples: int = Field(64, ge=0, description="Samples the buffer must hold before training starts.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (unset: run forever).")
+    max_seconds: float | None = Field(
+        None, gt=0.0, description="Stop after this many seconds of running, warm-up included and summed over "
+                                  "restarts (unset: no limit). LR schedules decay towards the nearer limit.")
     poll_seconds: float = Field(0.5, gt=0.0, le=60.0, description="Wait between checks while the buffer lacks data.")
     request_timeout: float = Field(30.0, gt=0.0, description="Timeout of one buffer HTTP request in seconds.")
     metrics_file: Path | None = Field(None, description="Append one JSON line of metrics per step to this file.")
@@ -121,10 +125,10 @@ class TrainerSettings(ModelSettings):
             raise ValueError(
                 f"TBA_BETA_END ({self.beta_end}) differs from TBA_BETA_START ({self.beta_start}) but "
                 "TBA_BETA_ANNEAL_STEPS is 0: set the anneal length, or leave TBA_BETA_END unset")
-        if self.lr_schedule != "constant" and self.max_steps is None:
+        if self.lr_schedule != "constant" and self.max_steps is None and self.max_seconds is None:
             raise ValueError(
-                f"TBA_LR_SCHEDULE={self.lr_schedule} decays towards TBA_MAX_STEPS, which is unset: "
-                "set TBA_MAX_STEPS or use TBA_LR_SCHEDULE=constant")
+                f"TBA_LR_SCHEDULE={self.lr_schedule} decays towards TBA_MAX_STEPS or TBA_MAX_SECONDS, both unset: "
+                "set one of them or use TBA_LR_SCHEDULE=constant")
         if self.max_steps is not None and self.lr_warmup_steps > self.max_steps:
             raise ValueError(
                 f"TBA_LR_WARMUP_STEPS ({self.lr_warmup_steps}) exceeds TBA_MAX_STEPS ({self.max_steps})")

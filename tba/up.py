@@ -154,6 +154,12 @@ class LocalRun:
         trainer_env.setdefault("TBA_TORCH_THREADS", "1")  # the searchers need the other core
         if self.args.max_steps:
             trainer_env["TBA_MAX_STEPS"] = str(self.args.max_steps)
+        # The trainer's time budget ends with the run's, so a decaying LR schedule reaches 0 as time runs out.
+        # Default: warmup-stable-decay over the last half (at a constant LR the accuracy oscillates late
+        # in a run; docs/results/arithmetic-10min.md).
+        trainer_env["TBA_MAX_SECONDS"] = f"{max(1.0, self.t0 + self.args.minutes * 60 - time.time()):.0f}"
+        trainer_env.setdefault("TBA_LR_SCHEDULE", "wsd")
+        trainer_env.setdefault("TBA_LR_DECAY_FRACTION", "0.5")
         self.sup.add(Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log"))
         for i in range(self.args.searchers):
             name, port = f"searcher-{i}", free_port()
@@ -257,7 +263,7 @@ class LocalRun:
             while not self.stop.event.is_set() and time.time() < deadline:
                 self.sup.check()
                 if trainer.exit_codes and trainer.exit_codes[-1] == 0:
-                    log.info("trainer finished its step budget")
+                    log.info("trainer finished its budget")
                     break
                 snap = observer.poll()
                 if live:

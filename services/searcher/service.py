@@ -1,9 +1,14 @@
 """Wiring of one searcher process: health server, spill queue, initial weights, engine, loop, signals.
 
 The health server comes up first, so ``/healthz`` answers while the engine
-loads and ``/readyz`` says 503 until it generates. A searcher that starts after
-the trainer has published loads the newest verified checkpoint directly (a
-late joiner catches up); otherwise it starts from the base model as version 0.
+loads and ``/readyz`` says 503 until it generates. The engine always starts on
+the base model (version 0); a searcher that starts after the trainer has
+published catches up with an in-place reload of the newest verified checkpoint
+before its first batch. Starting the engine on that checkpoint directly would
+race with retention: the trainer may prune it while the engines start (seen
+when a stack restarts on the volumes of an earlier run), and vLLM then fails on
+the missing directory, while the reload path rejects a vanished checkpoint and
+waits for the next.
 """
 
 from __future__ import annotations
@@ -66,14 +71,9 @@ def run_service(settings: SearcherSettings, task: Task) -> int:
     previous = {sig: signal.signal(sig, proc.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         watcher = build_watcher(settings, version=0)
-        watcher.poll_once()
-        ckpt = watcher.take()
-        weights, version = (ckpt.path, ckpt.version) if ckpt else (Path(settings.model), 0)
-        if ckpt:
-            log.info("late start: loading the newest published checkpoint v%d from %s", version, weights)
         scorer = Scorer(settings, task, settings.searcher_id)
         try:
-            engine = Engine(settings, weights, version, seed=replica_seed(settings.seed, settings.searcher_id))
+            engine = Engine(settings, Path(settings.model), 0, seed=replica_seed(settings.seed, settings.searcher_id))
             try:
                 searcher = Searcher(settings, engine, scorer, watcher=watcher, spill=spill, registry=registry)
                 proc.searcher = searcher

@@ -41,6 +41,7 @@ class TrainerState:
     beta: float  # beta of the last step taken
     samples_seen: int = 0
     tokens_seen: int = 0
+    run_seconds: float = 0.0  # the run's time so far (the time-based LR schedule and budget)
     settings: dict[str, Any] = field(default_factory=dict)  # for humans: what the run was started with
 
 

@@ -62,6 +62,12 @@ class Trainer:
         self.samples_seen = 0
         self.tokens_seen = 0
         self.health: HealthServer | None = None
+        self._started = time.monotonic()
+        self._seconds_before = 0.0  # run time of the processes this run resumed from
+
+    def run_seconds(self) -> float:
+        """Seconds this run has been going: this process's so far, plus those before the last restart."""
+        return self._seconds_before + time.monotonic() - self._started
 
     # ---- set-up -------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -106,13 +112,14 @@ class Trainer:
         source = resume.directory if resume else s.model
         self.tokenizer = load_tokenizer(source)
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(s.device)
-        schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction)
-        optimizer, scheduler = build_optimizer(model, s.lr, s.weight_decay, schedule)
+        schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction, s.max_seconds)
+        optimizer, scheduler = build_optimizer(model, s.lr, s.weight_decay, schedule, self.run_seconds)
         if resume:
             restore_trainer_state(resume.directory, optimizer, scheduler)
             st = resume.state
             self.step, self.published, self.beta = st.step, resume.manifest.version, st.beta
             self.samples_seen, self.tokens_seen = st.samples_seen, st.tokens_seen
+            self._seconds_before = st.run_seconds
             log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
         else:
             torch.manual_seed(s.seed)
@@ -138,7 +145,8 @@ class Trainer:
     def status(self) -> dict:
         out = self.metrics.status()
         out.update(step=self.step, version=self.published, mode=self.settings.mode, loss_name=self.settings.loss,
-                   max_steps=self.settings.max_steps, samples_seen=self.samples_seen, tokens_seen=self.tokens_seen)
+                   max_steps=self.settings.max_steps, samples_seen=self.samples_seen, tokens_seen=self.tokens_seen,
+                   run_seconds=round(self.run_seconds(), 1))
         return out
 
     # ---- the loop -----------------------------------------------------------------------------------------
@@ -154,7 +162,7 @@ class Trainer:
                 if self.step % self.k == 0:
                     self.publish()
         except StopRequested:
-            log.info("stop requested: saving and exiting")
+            log.info("stopping: saving and exiting")
         except BufferRequestError as err:
             log.error("the buffer refused our request, stopping: %s", err)
             code = 1
@@ -166,8 +174,12 @@ class Trainer:
         return code
 
     def done(self) -> bool:
-        max_steps = self.settings.max_steps
-        return self.stop.is_set() or (max_steps is not None and self.step >= max_steps)
+        return self.stop.is_set() or self.budget_spent()
+
+    def budget_spent(self) -> bool:
+        s = self.settings
+        return ((s.max_steps is not None and self.step >= s.max_steps)
+                or (s.max_seconds is not None and self.run_seconds() >= s.max_seconds))
 
     def wait_for_warmup(self) -> None:
         """Block until the buffer holds ``warmup_samples`` samples (ALGORITHM.md §3, warm-up)."""
@@ -182,7 +194,7 @@ class Trainer:
             if time.monotonic() - last_log > 10:
                 log.info("warm-up: the buffer holds %d of %d samples", have, need)
                 last_log = time.monotonic()
-            if self.stop.wait(self.settings.poll_seconds):
+            if self.stop.wait(self.settings.poll_seconds) or self.budget_spent():
                 raise StopRequested
         log.info("warm-up done after %.1f s", time.monotonic() - start)
 
@@ -210,7 +222,7 @@ class Trainer:
                 self.metrics.add_wait(wait_s)
                 return batch, wait_s
             self.metrics.set_state("waiting")
-            if self.stop.wait(self.settings.poll_seconds):
+            if self.stop.wait(self.settings.poll_seconds) or self.budget_spent():
                 raise StopRequested
 
     def train_on(self, batch: SampledBatch, wait_s: float) -> None:
@@ -239,7 +251,7 @@ class Trainer:
         s = self.settings
         start = time.perf_counter()
         state = TrainerState(step=self.step, beta=self.beta, samples_seen=self.samples_seen,
-                             tokens_seen=self.tokens_seen,
+                             tokens_seen=self.tokens_seen, run_seconds=self.run_seconds(),
                              settings=s.model_dump(mode="json", exclude={"auth_token"}))
         try:
             manifest = save_checkpoint(self.store, self.learner.model, self.tokenizer, self.learner.optimizer,
@@ -260,7 +272,7 @@ class Trainer:
                  f" (pruned {deleted})" if deleted else "")
 
     def finish(self, publish: bool) -> None:
-        why = "stop requested" if self.stop.is_set() else "max_steps reached" if self.done() else "error"
+        why = "stop requested" if self.stop.is_set() else "budget reached" if self.budget_spent() else "error"
         log.info("stopping at step %d (%s)", self.step, why)
         try:
             if publish and self.step > self.published:

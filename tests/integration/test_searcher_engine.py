@@ -8,6 +8,7 @@ checkpoint whose hash does not match refused, straight to the newest version.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,28 @@ def test_refuses_a_corrupt_checkpoint_then_skips_to_the_newest(parts, redis_serv
     assert engine.version == start + 3 and status["reloads"] == 1
     assert hf_greedy(hf_model(store.step_dir(start + 3)), scorer.tokenizer, PROMPTS) == vllm_greedy(
         engine, scorer.tokenizer, PROMPTS)
+
+
+def test_a_checkpoint_pruned_after_its_check_is_rejected_not_fatal(parts, redis_server, tmp_path, tiny_model) -> None:
+    """Retention may delete a verified checkpoint before the reload reads it: the searcher keeps its weights."""
+    engine, scorer = parts
+    start = engine.version
+    settings = settings_for(tiny_model, tmp_path, redis_server.url)
+    store = CheckpointStore(settings.checkpoint_dir)
+    tmp = store.new_tmp_dir()
+    init_model(tmp, seed=11)
+    manifest = store.commit(tmp, version=start + 1, step=start + 1)
+    announce(redis_server.client(), Keys("t"), manifest)
+    searcher = Searcher(settings, engine, scorer)
+    try:
+        searcher.watcher.poll_once()  # verified ...
+        shutil.rmtree(store.step_dir(manifest.version))  # ... then pruned before the batch boundary
+        assert searcher.run() == 0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    assert engine.version == start and status["rejected_checkpoints"] == 1 and status["reloads"] == 0
+    assert status["groups_published"] > 0 and {g.policy_version for g in read_stream(redis_server)} == {start}
 
 
 def test_reference_after_a_reload_is_the_trainers_computation_on_the_base(parts, tmp_path, tiny_model) -> None:

@@ -257,6 +257,31 @@ def test_a_bad_token_stops_the_run_with_a_clear_error(redis_server, buffer, tiny
     assert trainer.step == 0 and CheckpointStore(s.checkpoint_dir).versions() == []
 
 
+def test_a_time_budget_decays_the_lr_to_zero_and_holds_across_a_restart(
+        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    """max_seconds with wsd: steps at the peak LR, then a decay that ends with the budget; a trainer restarted
+    on the same checkpoints has no time left and takes no further step."""
+    buffer.start()
+    publish_groups(redis_server.client(), group_pool, version=0)
+    s = settings_for(redis_server, buffer, tiny_model, tmp_path, max_seconds=8.0, lr_schedule="wsd",
+                     lr_decay_fraction=0.5, checkpoint_every=1000, recency_prob=0.0)
+    started = time.monotonic()
+    trainer = Trainer(s)
+    assert trainer.run() == 0
+    assert 8.0 <= time.monotonic() - started < 60
+    lrs = [json.loads(x)["lr"] for x in s.metrics_file.read_text().splitlines()]
+    assert len(lrs) >= 4, "too few steps to see a schedule"
+    assert lrs[0] == pytest.approx(s.lr), "stable phase at the peak"
+    assert lrs[-1] < 0.5 * s.lr and all(b <= a for a, b in zip(lrs, lrs[1:], strict=False)), lrs
+    state = load_state(CheckpointStore(s.checkpoint_dir).resolve(CheckpointStore(s.checkpoint_dir).read_manifest()))
+    assert state.step == len(lrs) and state.run_seconds >= 8.0
+
+    again = Trainer(s)
+    assert again.run() == 0
+    assert again.step == state.step and again.run_seconds() >= state.run_seconds
+    assert len(s.metrics_file.read_text().splitlines()) == len(lrs), "the spent budget stays spent"
+
+
 class Announcements:
     """Every checkpoint announcement on the channel, collected by a thread: version -> content hashes."""
 

@@ -38,7 +38,7 @@ def test_scheduler_drives_adamw() -> None:
 
 @pytest.mark.parametrize("overrides, names", [
     ({"beta_start": 0.1, "beta_end": 0.05}, ["TBA_BETA_END", "TBA_BETA_ANNEAL_STEPS"]),
-    ({"lr_schedule": "wsd"}, ["TBA_LR_SCHEDULE", "TBA_MAX_STEPS"]),
+    ({"lr_schedule": "wsd"}, ["TBA_LR_SCHEDULE", "TBA_MAX_STEPS", "TBA_MAX_SECONDS"]),
     ({"lr_warmup_steps": 10, "max_steps": 5}, ["TBA_LR_WARMUP_STEPS"]),
     ({"samples_per_prompt": 1}, ["TBA_SAMPLES_PER_PROMPT"]),
     ({"loss": "ppo"}, ["TBA_LOSS"]),
@@ -54,3 +54,16 @@ def test_beta_end_defaults_to_beta_start_and_anneal_accepts_both() -> None:
     assert load_settings(TrainerSettings, beta_start=0.2).beta_end is None
     s = load_settings(TrainerSettings, beta_start=0.014, beta_end=0.004, beta_anneal_steps=500)
     assert (s.beta_start, s.beta_end, s.beta_anneal_steps) == (0.014, 0.004, 500)
+
+
+def test_a_time_budget_decays_like_a_step_budget_and_the_nearer_end_wins() -> None:
+    by_time = LRSchedule("wsd", max_seconds=100.0, decay_fraction=0.5)
+    assert by_time(10, seconds=10.0) == 1.0 and by_time(10, seconds=50.0) == 1.0
+    assert by_time(10, seconds=75.0) == pytest.approx(0.5) and by_time(10, seconds=120.0) == 0.0
+    linear = LRSchedule("linear", max_seconds=10.0)
+    assert linear(0, seconds=2.5) == pytest.approx(0.75)
+    both = LRSchedule("wsd", max_steps=100, max_seconds=100.0, decay_fraction=0.5)
+    assert both(90, seconds=10.0) == pytest.approx(0.2), "steps nearer their end than time"
+    assert both(10, seconds=90.0) == pytest.approx(0.2), "time nearer its end than steps"
+    with pytest.raises(ValueError, match="max_steps or max_seconds"):
+        LRSchedule("wsd")(0)
