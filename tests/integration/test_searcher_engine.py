@@ -8,7 +8,9 @@ checkpoint whose hash does not match refused, straight to the newest version.
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from tba.model.tokenizer import encode_prompt
 from tba.schemas import ScoredGroup
 from tba.settings import SearcherSettings
 from tba.tasks import Prompt, make_task
+from tests.procs import cmdline, cpu_seconds, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -98,6 +101,16 @@ def test_idle_engine_workers_sleep_instead_of_spinning(parts) -> None:
     # Both engines' workers loaded the extension, which shortened vLLM's one-second busy loop.
     assert engine.llm.collective_rpc("spin_window") == [0.01]
     assert scorer.reference.llm.collective_rpc("spin_window") == [0.01]
+    # And every engine process is quiet just after a batch, where vLLM's default has the workers spin
+    # for a second: CPU time over the next 0.8 s.
+    batch = generate_batch(engine, scorer)
+    scorer.score(batch)
+    time.sleep(0.1)
+    procs = descendants(os.getpid())
+    before = {pid: cpu_seconds(pid) for pid in procs}
+    time.sleep(0.8)
+    used = {cmdline(pid)[:60]: round(cpu_seconds(pid) - before[pid], 2) for pid in procs}
+    assert sum(used.values()) < 0.3, used
 
 
 def test_logprobs_equal_the_trainers_computation(parts, tiny_model: Path) -> None:

@@ -21,6 +21,7 @@ from tba.keys import STREAM_FIELD, Keys
 from tba.model.tiny import init_model
 from tba.schemas import ScoredGroup
 from tests.conftest import free_port
+from tests.procs import alive, cmdline, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -50,37 +51,6 @@ def wait_until(predicate, timeout: float, proc: subprocess.Popen, log: Path, wha
             raise AssertionError(f"searcher exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}")
         time.sleep(0.25)
     raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
-
-
-def descendants(pid: int) -> set[int]:
-    """All live descendants of ``pid``; threads and processes may exit while we walk /proc."""
-    out: set[int] = set()
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except FileNotFoundError:
-        return out
-    for task in tasks:
-        try:
-            children = (task / "children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # the thread ended between listing and reading
-        for child in children:
-            out |= {int(child)} | descendants(int(child))
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except FileNotFoundError:
-        return ""
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> None:
