@@ -40,8 +40,9 @@ phase() { local now; now=$(date +%s); took[$1]=$((now - phase_start)); phase_sta
 explain_unhealthy() {
     local id
     for id in $("${COMPOSE[@]}" ps -aq); do
-        case "$(docker inspect --format '{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$id")" in
-            "running healthy" | "exited " | "running ") continue ;;
+        # Fine: running (healthy, or without a healthcheck), or a one-shot that exited 0 (model-init).
+        case "$(docker inspect --format '{{.State.Status}} {{.State.ExitCode}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$id")" in
+            "running 0 healthy" | "running 0 " | "exited 0 "*) continue ;;
         esac
         echo "--- $(docker inspect --format '{{.Name}}: {{.State.Status}}, exit {{.State.ExitCode}}, restarts {{.RestartCount}}, OOM-killed {{.State.OOMKilled}}' "$id")"
         docker inspect --format '{{if .State.Health}}{{range .State.Health.Log}}probe {{.Start}}: exit {{.ExitCode}} {{.Output}}{{end}}{{end}}' "$id"

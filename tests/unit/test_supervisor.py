@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from tba.supervisor import Child, Supervisor
+from tests.procs import alive
 
 
 def _wait(pred, timeout: float = 10.0) -> bool:
@@ -45,15 +46,4 @@ def test_stop_kills_grandchildren_too(tmp_path: Path) -> None:
     grandchild = int(pid_file.read_text())
     sup.stop(["parent"], timeout=1.0)
     assert not child.running
-
-    def gone() -> bool:
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            return Path(f"/proc/{grandchild}/status").read_text().find("State:\tZ") >= 0
-        except FileNotFoundError:
-            return True  # reaped between the two looks
-
-    assert _wait(gone, timeout=5)
+    assert _wait(lambda: not alive(grandchild), timeout=5)  # gone, or a zombie nobody reaped yet
