@@ -5,12 +5,12 @@
    (generate, reference log-probs, rewards, msgpack, XADD to a redis-server this benchmark starts,
    final flush included). Rounds alternate a and b so load from other processes hits both alike.
    Measured twice: at the base weights (where the reference log-probs are vLLM's own) and after a
-   reload (where every batch also pays a reference pass: by default on the CPU a second vLLM engine
-   scoring with prompt log-probs, overlapped with the next batch's generation; run with
-   ``TBA_REF_BACKEND=transformers`` to measure the transformers forward pass instead).
-   Target: searcher / bare >= 0.9 in samples/s and tokens/s. Then once more on what a run actually
-   generates: the arithmetic SFT base after a reload (short answers, many repeated, which the reference
-   pass scores once each).
+   reload, where every batch also pays a reference pass (the prefix-sharing forward on the spare core,
+   overlapped with the next batch's generation). The random tiny weights make this the hard case: no
+   completion ends early (32 tokens each) and none shares more than the prompt, so the reference pass
+   costs about as much as generating. Target: searcher / bare >= 0.9 in samples/s and tokens/s. Then
+   once more on what a run actually generates: the arithmetic SFT base after a reload (short answers,
+   many repeated, which the reference pass scores once each).
 2. Reload pause: how long generation stops for an in-place reload (``collective_rpc("reload_weights")``
    plus the prefix-cache reset), for the tiny model and for a ~100M-parameter model, against what
    the alternative costs (starting a fresh engine on the new weights), measured in the same run.
@@ -206,10 +206,47 @@ def realistic_throughput(work: Path, redis_url: str) -> list[Figure]:
         figures = throughput(engine, scorer, settings, redis_url, "arithmetic SFT base after reload")
         share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
         print(f"[bench] reference pass scored {share:.0%} of the pairs (the rest repeat)", flush=True)
-        return figures + [Figure(PART, "share of (prompt, completion) pairs the reference scored", share * 100, "%")]
+        figures.append(Figure(PART, "share of (prompt, completion) pairs the reference scored", share * 100, "%"))
+        return figures + reference_pass(engine, scorer, settings)
     finally:
-        scorer.close()
         engine.close()
+
+
+def reference_pass(engine, scorer, settings) -> list[Figure]:
+    """The reference pass alone on one batch's distinct pairs: prefix trees against the trainer's padded rows
+    (the same model, pairs and token budget, on this thread with the scoring thread's torch threads)."""
+    import torch
+
+    from services.searcher.loop import replica_seed
+    from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs, token_budget_chunks
+    from tba.model.tokenizer import encode_prompt
+
+    stream = scorer.task.train_prompts(replica_seed(settings.seed, "reference-pass"))
+    prompt_ids = [encode_prompt(scorer.tokenizer, next(stream).text) for _ in range(settings.prompts_per_batch)]
+    params = engine.sampling_params(settings.samples_per_prompt, settings.temperature, settings.max_new_tokens)
+    pairs = list(dict.fromkeys((tuple(p), tuple(c.token_ids)) for p, group in
+                               zip(prompt_ids, engine.generate(prompt_ids, params), strict=True) for c in group))
+    prompts, completions = [list(p) for p, _ in pairs], [list(c) for _, c in pairs]
+    model, T, pad, budget = scorer.reference.model, settings.temperature, scorer.pad_id, settings.ref_token_budget
+
+    def padded_rows() -> None:
+        for chunk in token_budget_chunks([len(p) + len(c) for p, c in pairs], budget):
+            sequence_logprobs(model, [prompts[i] for i in chunk], [completions[i] for i in chunk], T, pad)
+
+    def timed(fn) -> float:
+        with torch.inference_mode():
+            fn()  # warm-up
+            t0 = time.perf_counter()
+            for _ in range(RELOADS):
+                fn()
+        return (time.perf_counter() - t0) / RELOADS * 1e3
+
+    tree_ms = timed(lambda: shared_prefix_logprobs(model, prompts, completions, T, pad, budget))
+    rows_ms = timed(padded_rows)
+    print(f"[bench] reference pass on {len(pairs)} distinct pairs: prefix trees {tree_ms:.0f} ms, "
+          f"padded rows {rows_ms:.0f} ms", flush=True)
+    return [Figure(PART, f"reference pass, one SFT batch ({len(pairs)} distinct pairs) vs padded rows", tree_ms,
+                   "ms", rows_ms, "< padded rows")]
 
 
 def main() -> list[Figure]:
@@ -226,15 +263,11 @@ def main() -> list[Figure]:
         engine, start_s = _timed_engine(settings, model, version=0)
         try:
             scorer = Scorer(settings, make_task(settings.task, settings.task_options), settings.searcher_id)
-            try:
-                # At the base weights (version 0, the warm-up) the reference log-probs are vLLM's own ...
-                figures = throughput(engine, scorer, settings, redis_url, "at base (ref reused)")
-                figures += reload_pause(engine, start_s, store, manifests, "tiny")
-                # ... after a reload every batch also pays a reference pass (TBA_REF_BACKEND chooses which).
-                figures += throughput(engine, scorer, settings, redis_url,
-                                      f"after reload (ref pass: {scorer.reference.backend})")
-            finally:
-                scorer.close()
+            # At the base weights (version 0, the warm-up) the reference log-probs are vLLM's own ...
+            figures = throughput(engine, scorer, settings, redis_url, "at base (ref reused)")
+            figures += reload_pause(engine, start_s, store, manifests, "tiny")
+            # ... after a reload every batch also pays a reference pass.
+            figures += throughput(engine, scorer, settings, redis_url, "after reload (ref pass)")
         finally:
             engine.close()
         figures += realistic_throughput(work, redis_url)

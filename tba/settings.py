@@ -155,25 +155,17 @@ class SearcherSettings(ModelSettings):
     pace_max_wait_seconds: float = Field(30.0, gt=0.0, description="Longest pause of a paced searcher before it "
                                          "generates one more batch anyway.")
     enforce_eager: bool | None = Field(None, description="vLLM eager mode (unset: on for the CPU, off on GPUs).")
-    worker_spin_seconds: float = Field(0.01, ge=0.0, le=10.0, description="CPU hosts: how long an idle vLLM "
-                                       "worker spins before it sleeps (vLLM's own: 1 s, taken from other services).")
-    ref_device: str = Field("cpu", description="Torch device of the transformers reference pass (cpu, cuda, cuda:0).")
-    ref_token_budget: int = Field(16384, ge=64, description="Tokens per transformers reference forward pass.")
+    worker_spin_seconds: float = Field(0.01, ge=0.0, le=10.0, description="CPU hosts: how long vLLM's processes "
+                                       "(engine cores, workers) busy-wait on their queues before they sleep (vLLM's "
+                                       "own: 1 s, taken from other services).")
+    ref_device: str = Field("cpu", description="Torch device of the reference pass (cpu, cuda, cuda:0).")
+    ref_token_budget: int = Field(16384, ge=64, description="Padded tokens per reference forward pass.")
     ref_reuse_at_base: bool = Field(True, description="While the engine serves the base weights, reuse its "
                                     "log-probs as the reference ones (same model) instead of a second pass.")
-    ref_threads: int | None = Field(None, ge=1, description="Torch threads of the transformers reference pass "
-                                    "(unset: 1 on the CPU, the core vLLM reserves beside its worker's).")
-    ref_backend: Literal["auto", "vllm", "transformers"] = Field(
-        "auto", description="Reference log-prob pass: vllm (a second engine on a temperature-scaled copy of "
-        "the base model), transformers (a forward pass on TBA_REF_DEVICE); auto: vllm on CPU hosts, "
-        "transformers on GPU hosts.")
-    ref_cpu_bind: str | None = Field(None, description="CPU cores of the vllm reference engine's worker, in "
-                                     "VLLM_CPU_OMP_THREADS_BIND form (unset: the core vLLM's automatic binding "
-                                     "leaves beside the generation worker, or VLLM_CPU_OMP_THREADS_BIND if set).")
-    ref_gpu_memory_utilization: float = Field(0.1, gt=0.0, le=1.0, description="GPU memory fraction of the vllm "
-                                              "reference engine (beside TBA_GPU_MEMORY_UTILIZATION).")
-    ref_cache_dir: Path | None = Field(None, description="Where the vllm reference backend writes its "
-                                       "temperature-scaled copy of the base model (unset: <tmpdir>/tba-reference).")
+    ref_threads: int | None = Field(None, ge=1, description="Torch threads of the reference pass on the CPU "
+                                    "(unset: one per core the generation worker leaves free, at least one).")
+    ref_nice: int = Field(19, ge=0, le=19, description="CPU hosts: niceness of the scoring thread (reference pass, "
+                          "rewards, publishing), so that generation's steps never wait behind it (0: equal).")
     per_token_logprobs: bool = Field(False, description="Also publish per-token behaviour log-probs.")
     redis_timeout_seconds: float = Field(2.0, gt=0.0, description="Redis socket timeout (slower: unreachable).")
     flush_timeout_seconds: float = Field(30.0, ge=0.0, description="Time to publish spilled groups at shutdown.")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from services.searcher.cpus import pin_engine_core, spare_cpus
 from services.searcher.worker_ext import SPIN_ENV
 from tba.settings import SearcherSettings
 
@@ -131,7 +132,10 @@ class Engine:
         os.environ.update(env)  # read by the engine's processes as they start
         started = time.monotonic()
         self.llm = LLM(model=str(weights_dir), **options)
+        if on_cpu:  # the engine core schedules every step: keep it off the worker's cores (cpus.py)
+            pin_engine_core(self.llm, spare_cpus())
         self.settings = settings
+        self.on_cpu = on_cpu
         self.weights_dir = Path(weights_dir)
         self.version = version
         log.info("vLLM engine up in %.1f s with %s (version %d)", time.monotonic() - started, weights_dir, version)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from services.searcher.cpus import place_thread, spare_cpus
 from services.searcher.engine import Engine, EngineStopped, ReloadError
 from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
 from services.searcher.pacing import Pacer
@@ -251,6 +252,8 @@ class Searcher:
 
     def _work(self) -> None:
         """Worker thread: score and publish batches in order; replay spilled groups when idle."""
+        if self.engine.on_cpu:  # background work: on the spare cores, below generation's priority (cpus.py)
+            place_thread(spare_cpus(), self.settings.ref_nice)
         try:
             while True:
                 try:
@@ -260,15 +263,7 @@ class Searcher:
                     continue
                 if batch is None:
                     break
-                try:
-                    groups = self.scorer.score(batch)
-                except EngineStopped:
-                    if not (self.stop.requested or self.stop.event.wait(SIGNAL_GRACE_SECONDS)):
-                        raise
-                    # The shutdown signal reached the reference engine too: nothing more can be scored.
-                    log.warning("the reference engine stopped during shutdown; abandoned a batch of %d prompts",
-                                len(batch.prompts))
-                    break
+                groups = self.scorer.score(batch)
                 self.publisher.publish(groups)
                 samples = sum(len(g.samples) for g in groups)
                 tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)

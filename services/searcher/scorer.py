@@ -4,9 +4,8 @@ log pi_ref(y|x) is the quantity :func:`tba.model.logprobs.sequence_logprobs`
 computes on the reference model (the base model at ``settings.model``): under
 logits/T, over exactly the completion ids the engine returned (EOS included
 when emitted), the same ids and masking the trainer uses for log pi_theta, so
-the two sides of the TB loss agree (ALGORITHM.md §2). Which pass computes it
-is :mod:`services.searcher.reference`'s choice (a second vLLM engine on the
-CPU, a transformers pass on GPUs). While the engine still serves the base
+the two sides of the TB loss agree (ALGORITHM.md §2), by the prefix-sharing pass
+of :mod:`services.searcher.reference`. While the engine still serves the base
 weights (version 0, before the first checkpoint: the warm-up that fills the
 buffer) the policy IS the reference, and vLLM's own tempered log-probs are
 reused instead of a second pass (``ref_reuse_at_base``). Rewards see the
@@ -21,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.searcher.engine import Completion
-from services.searcher.reference import Reference, make_reference
+from services.searcher.reference import Reference
 from tba.model.tokenizer import load_tokenizer
 from tba.schemas import ScoredGroup, ScoredSample
 from tba.settings import SearcherSettings
@@ -58,12 +57,12 @@ class Scorer:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id  # masked out of the sums either way
-        self.reference = reference if reference is not None else make_reference(settings, self.pad_id)
+        self.reference = reference if reference is not None else Reference(settings, self.pad_id)
         self.dropped = 0
         self.ref_pairs_total = self.ref_pairs_scored = 0  # pairs asked for, distinct pairs the reference scored
 
     def ref_logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[float]:
-        """log pi_ref(y_i|x_i) under logits/T for each pair (the configured backend).
+        """log pi_ref(y_i|x_i) under logits/T for each pair.
 
         Each distinct (prompt, completion) pair is scored once: a policy that has learned a prompt
         samples the same completion many times over (most of a batch, late in a run)."""
@@ -77,10 +76,6 @@ class Scorer:
         unique = list(index)
         values = self.reference.logprobs([p for p, _ in unique], [c for _, c in unique])
         return [values[i] for i in slots]
-
-    def close(self) -> None:
-        """Stop the reference engine's processes (vllm backend) now rather than at interpreter exit."""
-        self.reference.close()
 
     def score(self, batch: GeneratedBatch) -> list[ScoredGroup]:
         """Rewards, reference log-probs and the group envelope for every prompt of the batch."""

@@ -72,18 +72,15 @@ def run_service(settings: SearcherSettings, task: Task) -> int:
     try:
         watcher = build_watcher(settings, version=0)
         scorer = Scorer(settings, task, settings.searcher_id)
+        engine = Engine(settings, Path(settings.model), 0, seed=replica_seed(settings.seed, settings.searcher_id))
         try:
-            engine = Engine(settings, Path(settings.model), 0, seed=replica_seed(settings.seed, settings.searcher_id))
-            try:
-                searcher = Searcher(settings, engine, scorer, watcher=watcher, spill=spill, registry=registry)
-                proc.searcher = searcher
-                if proc.stop_requested:
-                    searcher.request_stop()
-                code = searcher.run()
-            finally:
-                engine.close()
+            searcher = Searcher(settings, engine, scorer, watcher=watcher, spill=spill, registry=registry)
+            proc.searcher = searcher
+            if proc.stop_requested:
+                searcher.request_stop()
+            code = searcher.run()
         finally:
-            scorer.close()
+            engine.close()
         log.info("searcher %s stopped: %s", settings.searcher_id, json.dumps(searcher.status()))
         return code
     finally:

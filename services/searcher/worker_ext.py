@@ -1,18 +1,23 @@
-"""Imported into vLLM's worker processes on CPU hosts (``worker_extension_cls``): idle workers sleep.
+"""Runs inside the processes vLLM starts on CPU hosts: their idle loops sleep instead of spinning.
 
-vLLM's CPU worker waits for its next step on a shared-memory queue, and after every message it spins
-(``sched_yield``) for a whole second before it sleeps on a socket. Where searchers, their reference
-engines and the trainer share a few cores, that second after every batch is taken from the others:
-in a ``tba up`` run on 2 cores the four engine workers used 1.3 cores while the trainer got 0.36.
-Importing this module shortens the window to ``TBA_WORKER_SPIN_SECONDS`` (set by the engine from
-the searcher's settings) before the worker builds its queues. The cost is a socket wake-up, well
-under a millisecond, on the first step after a pause; steps of one batch follow each other faster
-than the window, so generation itself never sleeps.
+vLLM's engine core and workers wait for each other on shared-memory queues, and after every message
+the reader spins (``sched_yield``) for a whole second before it sleeps on a socket. Where searchers
+and the trainer share a few cores, those seconds are taken from the others: in a ``tba up`` run on 2
+cores the idle engine workers used 1.3 cores while the trainer got 0.36, and in the searcher
+benchmark the engine core, spinning while its worker computes, used 0.93 of a core (0.24 with the
+short window). :func:`configure_process` shortens the window
+to ``TBA_WORKER_SPIN_SECONDS`` (set by the engine from the searcher's settings) before the process
+builds its queues. The cost is a socket wake-up, well under a millisecond, on a wait longer than the
+window. Two ways in, one function: vLLM loads it as a general plugin in every process it starts
+(entry point ``vllm.general_plugins``, so the engine core too), and importing this module as the
+worker extension (``worker_extension_cls``) runs it in the workers where the package's entry points
+are not installed.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,12 @@ def shorten_spin(seconds: float) -> bool:
     return True
 
 
+def configure_process() -> None:
+    """The vLLM plugin: in a process vLLM started (never the searcher's own), apply the spin window."""
+    if multiprocessing.parent_process() is not None and SPIN_ENV in os.environ:
+        shorten_spin(float(os.environ[SPIN_ENV]))
+
+
 class QuietWorker:
     """The extension class vLLM mixes into its worker; importing the module is what matters."""
 
@@ -46,5 +57,4 @@ class QuietWorker:
         return float(defaults[0]) if defaults else None
 
 
-if SPIN_ENV in os.environ:
-    shorten_spin(float(os.environ[SPIN_ENV]))
+configure_process()

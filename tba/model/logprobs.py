@@ -8,7 +8,9 @@ is masked out of the sums, so the result does not depend on batch padding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -59,3 +61,126 @@ def sequence_logprobs(
     """log pi(y_i | x_i) summed over completion tokens, shape (N,)."""
     tok_logp, _ = token_logprobs(model, prompts, completions, temperature, pad_id)
     return tok_logp.sum(dim=-1)
+
+
+# --- the same sums, each prompt and each shared completion prefix computed once ---
+
+@dataclass
+class PrefixTree:
+    """One prompt and the distinct prefixes of its completions, laid out as one row of tokens.
+
+    ``tokens[:len(prompt)]`` is the prompt; every later token is a trie node (a completion prefix's last
+    token) at position ``len(prompt) + depth``, attending to the prompt and its own ancestors only.
+    ``parents[j]`` is the index whose logits predict token ``j`` (-1 for prompt tokens)."""
+
+    prompt_len: int
+    tokens: list[int]
+    positions: list[int]
+    parents: list[int]
+    paths: dict[int, list[int]] = field(default_factory=dict)  # completion index -> its nodes' indices
+
+    @classmethod
+    def build(cls, prompt: Sequence[int], completions: dict[int, Sequence[int]]) -> PrefixTree:
+        if not prompt:
+            raise ValueError("a prompt needs at least one token (the first completion token is predicted from it)")
+        tree = cls(len(prompt), list(prompt), list(range(len(prompt))), [-1] * len(prompt))
+        nodes: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
+        for i, completion in completions.items():
+            parent, path = len(prompt) - 1, []
+            for depth, tok in enumerate(completion):
+                node = nodes.get((parent, tok))
+                if node is None:
+                    node = nodes[(parent, tok)] = len(tree.tokens)
+                    tree.tokens.append(tok)
+                    tree.positions.append(len(prompt) + depth)
+                    tree.parents.append(parent)
+                path.append(node)
+                parent = node
+            tree.paths[i] = path
+        return tree
+
+    def visible(self) -> list[list[int]]:
+        """For each token, the indices it attends to: the prompt causally, a node its ancestors and itself."""
+        out: list[list[int]] = []
+        for j, parent in enumerate(self.parents):
+            out.append(list(range(j + 1)) if j < self.prompt_len else [*out[parent], j])
+        return out
+
+
+def tree_batch(trees: Sequence[PrefixTree], pad_id: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``input_ids`` and ``position_ids`` (R, L), and the additive 4D attention mask (R, 1, L, L)."""
+    L = max(len(t.tokens) for t in trees)
+    R = len(trees)
+    input_ids = torch.full((R, L), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((R, L), dtype=torch.long)
+    allowed = torch.eye(L, dtype=torch.bool).repeat(R, 1, 1)  # padding attends to itself: no empty softmax row
+    for r, tree in enumerate(trees):
+        n = len(tree.tokens)
+        input_ids[r, :n] = torch.tensor(tree.tokens)
+        position_ids[r, :n] = torch.tensor(tree.positions)
+        for j, cols in enumerate(tree.visible()):
+            allowed[r, j, cols] = True
+    mask = torch.zeros((R, 1, L, L), dtype=dtype).masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return input_ids, position_ids, mask
+
+
+def shared_prefix_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+    pad_id: int,
+    token_budget: int = 16384,
+) -> list[float]:
+    """What :func:`sequence_logprobs` returns, computing each prompt and each shared completion prefix once.
+
+    The S completions of a prompt share the prompt and often their first tokens: one row per prompt holds
+    the prompt and the trie of its completions (a 4D attention mask: each token sees the prompt and its own
+    ancestors; positions by depth), so ``len(prompt) + distinct prefixes`` token positions replace
+    ``S * (len(prompt) + len(completion))``. Rows are batched within ``token_budget`` padded tokens. The
+    model must take a custom 4D mask (sdpa or eager attention, not flash-attention)."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    by_prompt: dict[tuple[int, ...], dict[int, Sequence[int]]] = {}
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        by_prompt.setdefault(tuple(p), {})[i] = c
+    trees = [PrefixTree.build(p, cs) for p, cs in by_prompt.items()]
+    out = [0.0] * len(prompts)
+    for chunk in token_budget_chunks([len(t.tokens) for t in trees], token_budget):
+        batch = [trees[r] for r in chunk]
+        input_ids, position_ids, mask = (x.to(device) for x in tree_batch(batch, pad_id, dtype))
+        logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
+        rows, parents, targets = [], [], []
+        for r, tree in enumerate(batch):
+            for j in range(tree.prompt_len, len(tree.tokens)):
+                rows.append(r)
+                parents.append(tree.parents[j])
+                targets.append(tree.tokens[j])
+        picked = logits[torch.tensor(rows, device=device), torch.tensor(parents, device=device)]  # (nodes, V)
+        logp = torch.log_softmax(picked.float() / temperature, dim=-1)
+        node_lp = logp.gather(-1, torch.tensor(targets, device=device)[:, None]).squeeze(-1).tolist()
+        offsets, total = [], 0
+        for tree in batch:  # node j of a tree sits at node_lp[offset + j - prompt_len]
+            offsets.append(total - tree.prompt_len)
+            total += len(tree.tokens) - tree.prompt_len
+        for tree, offset in zip(batch, offsets, strict=True):
+            for i, path in tree.paths.items():
+                out[i] = math.fsum(node_lp[offset + j] for j in path)
+    return out
+
+
+def token_budget_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices grouped so each chunk's padded size (rows x longest) stays within ``budget`` tokens.
+
+    Indices are taken in order of length, so rows of a chunk pad to similar lengths."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > budget:
+            chunks.append(current)
+            current = []
+        current.append(i)
+    if current:
+        chunks.append(current)
+    return chunks

@@ -32,7 +32,6 @@ def test_shutdown_during_a_reload_exits_cleanly(redis_server, tmp_path: Path, ti
         model=tiny_model, redis_url=redis_server.url, namespace="t", checkpoint_dir=tmp_path / "ckpt",
         spill_dir=tmp_path / "spill", searcher_id="s-stop", samples_per_prompt=4, prompts_per_batch=3,
         max_new_tokens=8, max_model_len=64, kv_cache_gib=1, reload_poll_seconds=0.2, flush_timeout_seconds=5.0,
-        ref_backend="transformers",  # no reference pass runs here (base weights, then no batch): keep it light
     )
     engine = Engine(settings, tiny_model, version=0, seed=0)
     scorer = Scorer(settings, make_task("arithmetic"), settings.searcher_id)
@@ -81,5 +80,4 @@ def test_shutdown_during_a_reload_exits_cleanly(redis_server, tmp_path: Path, ti
         assert published == spilled  # the spill queue was flushed
         assert status["spilled"] == 0 and not list((tmp_path / "spill").glob("*.msgpack"))
     finally:
-        scorer.close()
         engine.close()

@@ -1,32 +1,14 @@
-"""Pure parts of the searcher: reference batching, rates, seeds, the metrics view of the status."""
+"""Pure parts of the searcher: rates, seeds, the metrics view of the status."""
 
 from __future__ import annotations
 
 import signal
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from services.searcher.loop import AbandonBatch, StopControl, replica_seed
 from services.searcher.metrics import EXPORTED, RateWindow, StatusCollector
-from services.searcher.reference import token_budget_chunks
-
-
-@given(st.lists(st.integers(1, 300), min_size=0, max_size=200), st.integers(64, 4096))
-def test_chunks_cover_every_row_once_within_budget(lengths: list[int], budget: int) -> None:
-    chunks = token_budget_chunks(lengths, budget)
-    flat = [i for c in chunks for i in c]
-    assert sorted(flat) == list(range(len(lengths)))
-    for c in chunks:
-        padded = len(c) * max(lengths[i] for i in c)
-        assert padded <= budget or len(c) == 1  # a single over-long row still gets its own pass
-
-
-def test_chunks_group_similar_lengths() -> None:
-    chunks = token_budget_chunks([100, 5, 100, 5], budget=200)
-    assert sorted(map(sorted, chunks)) == [[0, 2], [1, 3]]
 
 
 def test_rate_window() -> None:

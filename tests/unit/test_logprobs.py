@@ -1,0 +1,82 @@
+"""The two computations of log pi(y|x): the trainer's padded rows and the searcher's prefix trees agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tba.model.logprobs import PrefixTree, sequence_logprobs, shared_prefix_logprobs, token_budget_chunks
+from tba.model.tiny import TinyModelSpec, init_model
+
+T = 0.7
+SMALL = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256)
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def model(request, tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoModelForCausalLM
+
+    path = init_model(tmp_path_factory.mktemp("small") / "m", SMALL, seed=3)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                attn_implementation=request.param).eval()
+
+
+def test_a_tree_holds_the_prompt_once_and_each_distinct_prefix_once() -> None:
+    tree = PrefixTree.build([1, 5, 6], {0: [7, 8], 1: [7, 9, 2], 2: [7, 8], 3: [4]})
+    assert tree.tokens == [1, 5, 6, 7, 8, 9, 2, 4]  # 7 is shared by three completions, [7, 8] by two
+    assert tree.positions == [0, 1, 2, 3, 4, 4, 5, 3]  # a node sits where its token sits in its sequence
+    assert tree.parents == [-1, -1, -1, 2, 3, 3, 5, 2]  # the token whose logits predict it
+    assert tree.paths == {0: [3, 4], 1: [3, 5, 6], 2: [3, 4], 3: [7]}
+    visible = tree.visible()
+    assert visible[1] == [0, 1] and visible[6] == [0, 1, 2, 3, 5, 6] and visible[7] == [0, 1, 2, 7]
+    with pytest.raises(ValueError, match="at least one token"):
+        PrefixTree.build([], {0: [1]})
+
+
+pairs = st.lists(
+    st.tuples(st.integers(0, 3), st.lists(st.integers(3, 12), min_size=1, max_size=6)), min_size=1, max_size=24,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs, st.sampled_from([64, 16384]))
+def test_shared_prefix_sums_equal_the_trainers(model, drawn, budget: int) -> None:
+    # A few prompts of different lengths, completions that share beginnings or repeat: the searcher's case.
+    prompt_bank = [[1, 4], [1, 5, 6, 7, 8], [1, 9, 9, 9, 10, 11, 3], [1]]
+    prompts = [prompt_bank[p] for p, _ in drawn]
+    completions = [c for _, c in drawn]
+    with torch.no_grad():
+        expected = sequence_logprobs(model, prompts, completions, T, pad_id=0)
+        got = shared_prefix_logprobs(model, prompts, completions, T, pad_id=0, token_budget=budget)
+    torch.testing.assert_close(torch.tensor(got, dtype=expected.dtype), expected, atol=1e-4, rtol=1e-5)
+
+
+@given(st.lists(st.integers(1, 300), min_size=0, max_size=200), st.integers(64, 4096))
+def test_chunks_cover_every_row_once_within_budget(lengths: list[int], budget: int) -> None:
+    chunks = token_budget_chunks(lengths, budget)
+    flat = [i for c in chunks for i in c]
+    assert sorted(flat) == list(range(len(lengths)))
+    for c in chunks:
+        padded = len(c) * max(lengths[i] for i in c)
+        assert padded <= budget or len(c) == 1  # a single over-long row still gets its own pass
+
+
+def test_chunks_group_similar_lengths() -> None:
+    chunks = token_budget_chunks([100, 5, 100, 5], budget=200)
+    assert sorted(map(sorted, chunks)) == [[0, 2], [1, 3]]
+
+
+def test_a_model_whose_attention_ignores_custom_masks_is_refused(tmp_path: Path) -> None:
+    from services.searcher.reference import Reference
+    from tba.settings import SearcherSettings
+
+    path = init_model(tmp_path / "m", SMALL, seed=0)
+    config = path / "config.json"
+    config.write_text(config.read_text().replace('"model_type"', '"attn_implementation": "flex_attention", '
+                                                 '"model_type"', 1))
+    with pytest.raises(ValueError, match="needs attention that takes a 4D mask"):
+        Reference(SearcherSettings(model=path), pad_id=0)
