@@ -207,12 +207,12 @@ def realistic_throughput(work: Path, redis_url: str) -> list[Figure]:
         share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
         print(f"[bench] reference pass scored {share:.0%} of the pairs (the rest repeat)", flush=True)
         figures.append(Figure(PART, "share of (prompt, completion) pairs the reference scored", share * 100, "%"))
-        return figures + reference_pass(engine, scorer, settings)
+        return figures + reference_pass(engine, scorer, settings, "SFT base")
     finally:
         engine.close()
 
 
-def reference_pass(engine, scorer, settings) -> list[Figure]:
+def reference_pass(engine, scorer, settings, name: str) -> list[Figure]:
     """The reference pass alone on one batch's distinct pairs: prefix trees against the trainer's padded rows
     (the same model, pairs and token budget, on this thread with the scoring thread's torch threads)."""
     import torch
@@ -243,10 +243,10 @@ def reference_pass(engine, scorer, settings) -> list[Figure]:
 
     tree_ms = timed(lambda: shared_prefix_logprobs(model, prompts, completions, T, pad, budget))
     rows_ms = timed(padded_rows)
-    print(f"[bench] reference pass on {len(pairs)} distinct pairs: prefix trees {tree_ms:.0f} ms, "
+    print(f"[bench] reference pass on {name}, {len(pairs)} distinct pairs: prefix trees {tree_ms:.0f} ms, "
           f"padded rows {rows_ms:.0f} ms", flush=True)
-    return [Figure(PART, f"reference pass, one SFT batch ({len(pairs)} distinct pairs) vs padded rows", tree_ms,
-                   "ms", rows_ms, "< padded rows")]
+    return [Figure(PART, f"reference pass, one batch on {name} ({len(pairs)} distinct pairs) vs padded rows",
+                   tree_ms, "ms", rows_ms, "< padded rows")]
 
 
 def main() -> list[Figure]:
@@ -268,6 +268,7 @@ def main() -> list[Figure]:
             figures += reload_pause(engine, start_s, store, manifests, "tiny")
             # ... after a reload every batch also pays a reference pass.
             figures += throughput(engine, scorer, settings, redis_url, "after reload (ref pass)")
+            figures += reference_pass(engine, scorer, settings, "tiny random weights")
         finally:
             engine.close()
         figures += realistic_throughput(work, redis_url)

@@ -99,28 +99,40 @@ class PrefixTree:
             tree.paths[i] = path
         return tree
 
-    def visible(self) -> list[list[int]]:
-        """For each token, the indices it attends to: the prompt causally, a node its ancestors and itself."""
-        out: list[list[int]] = []
-        for j, parent in enumerate(self.parents):
-            out.append(list(range(j + 1)) if j < self.prompt_len else [*out[parent], j])
-        return out
 
+def tree_batch(
+    trees: Sequence[PrefixTree], pad_id: int, additive: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``position_ids`` (R, L), and the 4D attention mask (R, 1, L, L).
 
-def tree_batch(trees: Sequence[PrefixTree], pad_id: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """``input_ids`` and ``position_ids`` (R, L), and the additive 4D attention mask (R, 1, L, L)."""
+    In the mask a prompt token sees the prompt causally, a node the prompt, its ancestors and itself;
+    padding sees itself (no empty softmax row). Boolean (True: attend), or additive in dtype ``additive``
+    (0 or the dtype's minimum) for attention implementations that add the mask to the scores."""
     L = max(len(t.tokens) for t in trees)
     R = len(trees)
     input_ids = torch.full((R, L), pad_id, dtype=torch.long)
     position_ids = torch.zeros((R, L), dtype=torch.long)
-    allowed = torch.eye(L, dtype=torch.bool).repeat(R, 1, 1)  # padding attends to itself: no empty softmax row
+    allowed = torch.eye(L, dtype=torch.bool).repeat(R, 1, 1)
+    causal = torch.tril(torch.ones((L, L), dtype=torch.bool))
+    rows, nodes, parents, depths = [], [], [], []
     for r, tree in enumerate(trees):
-        n = len(tree.tokens)
+        n, lp = len(tree.tokens), tree.prompt_len
         input_ids[r, :n] = torch.tensor(tree.tokens)
         position_ids[r, :n] = torch.tensor(tree.positions)
-        for j, cols in enumerate(tree.visible()):
-            allowed[r, j, cols] = True
-    mask = torch.zeros((R, 1, L, L), dtype=dtype).masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        allowed[r, :lp, :lp] = causal[:lp, :lp]
+        rows += [r] * (n - lp)
+        nodes += range(lp, n)
+        parents += tree.parents[lp:]
+        depths += [p - lp for p in tree.positions[lp:]]
+    rows_t, nodes_t, parents_t, depths_t = (torch.tensor(x, dtype=torch.long) for x in (rows, nodes, parents, depths))
+    for depth in range(max(depths, default=-1) + 1):  # parents before children: one step per depth, all rows
+        level = depths_t == depth
+        r, j = rows_t[level], nodes_t[level]
+        allowed[r, j] = allowed[r, parents_t[level]]
+        allowed[r, j, j] = True
+    mask = allowed[:, None]
+    if additive is not None:
+        mask = torch.zeros(mask.shape, dtype=additive).masked_fill_(~mask, torch.finfo(additive).min)
     return input_ids, position_ids, mask
 
 
@@ -140,7 +152,8 @@ def shared_prefix_logprobs(
     ``S * (len(prompt) + len(completion))``. Rows are batched within ``token_budget`` padded tokens. The
     model must take a custom 4D mask (sdpa or eager attention, not flash-attention)."""
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    # sdpa takes a boolean mask (faster); eager attention adds the mask to its scores.
+    additive = None if getattr(model.config, "_attn_implementation", None) == "sdpa" else next(model.parameters()).dtype
     by_prompt: dict[tuple[int, ...], dict[int, Sequence[int]]] = {}
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         by_prompt.setdefault(tuple(p), {})[i] = c
@@ -148,24 +161,20 @@ def shared_prefix_logprobs(
     out = [0.0] * len(prompts)
     for chunk in token_budget_chunks([len(t.tokens) for t in trees], token_budget):
         batch = [trees[r] for r in chunk]
-        input_ids, position_ids, mask = (x.to(device) for x in tree_batch(batch, pad_id, dtype))
+        input_ids, position_ids, mask = (x.to(device) for x in tree_batch(batch, pad_id, additive))
         logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
-        rows, parents, targets = [], [], []
+        rows, parents, targets, starts = [], [], [], []
         for r, tree in enumerate(batch):
-            for j in range(tree.prompt_len, len(tree.tokens)):
-                rows.append(r)
-                parents.append(tree.parents[j])
-                targets.append(tree.tokens[j])
+            starts.append(len(targets) - tree.prompt_len)  # node j of this tree is node_lp[start + j]
+            rows += [r] * (len(tree.tokens) - tree.prompt_len)
+            parents += tree.parents[tree.prompt_len:]
+            targets += tree.tokens[tree.prompt_len:]
         picked = logits[torch.tensor(rows, device=device), torch.tensor(parents, device=device)]  # (nodes, V)
         logp = torch.log_softmax(picked.float() / temperature, dim=-1)
         node_lp = logp.gather(-1, torch.tensor(targets, device=device)[:, None]).squeeze(-1).tolist()
-        offsets, total = [], 0
-        for tree in batch:  # node j of a tree sits at node_lp[offset + j - prompt_len]
-            offsets.append(total - tree.prompt_len)
-            total += len(tree.tokens) - tree.prompt_len
-        for tree, offset in zip(batch, offsets, strict=True):
+        for tree, start in zip(batch, starts, strict=True):
             for i, path in tree.paths.items():
-                out[i] = math.fsum(node_lp[offset + j] for j in path)
+                out[i] = math.fsum(node_lp[start + j] for j in path)
     return out
 
 

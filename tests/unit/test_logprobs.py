@@ -9,7 +9,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tba.model.logprobs import PrefixTree, sequence_logprobs, shared_prefix_logprobs, token_budget_chunks
+from tba.model.logprobs import (
+    PrefixTree,
+    sequence_logprobs,
+    shared_prefix_logprobs,
+    token_budget_chunks,
+    tree_batch,
+)
 from tba.model.tiny import TinyModelSpec, init_model
 
 T = 0.7
@@ -31,8 +37,14 @@ def test_a_tree_holds_the_prompt_once_and_each_distinct_prefix_once() -> None:
     assert tree.positions == [0, 1, 2, 3, 4, 4, 5, 3]  # a node sits where its token sits in its sequence
     assert tree.parents == [-1, -1, -1, 2, 3, 3, 5, 2]  # the token whose logits predict it
     assert tree.paths == {0: [3, 4], 1: [3, 5, 6], 2: [3, 4], 3: [7]}
-    visible = tree.visible()
+    ids, positions, mask = tree_batch([tree, PrefixTree.build([2], {4: [3]})], pad_id=0)
+    assert ids.tolist() == [tree.tokens, [2, 3, 0, 0, 0, 0, 0, 0]] and positions[0].tolist() == tree.positions
+    visible = [row.nonzero().flatten().tolist() for row in mask[0, 0]]
     assert visible[1] == [0, 1] and visible[6] == [0, 1, 2, 3, 5, 6] and visible[7] == [0, 1, 2, 7]
+    assert visible[4] == [0, 1, 2, 3, 4] and visible[5] == [0, 1, 2, 3, 5]  # siblings do not see each other
+    assert [row.nonzero().flatten().tolist() for row in mask[1, 0]] == [[0], [0, 1], [2], [3], [4], [5], [6], [7]]
+    additive = tree_batch([tree], pad_id=0, additive=torch.float32)[2]
+    assert ((additive == 0) == mask[:1]).all() and additive.min() == torch.finfo(torch.float32).min
     with pytest.raises(ValueError, match="at least one token"):
         PrefixTree.build([], {0: [1]})
 
