@@ -218,7 +218,7 @@ def reference_pass(engine, scorer, settings, name: str) -> list[Figure]:
     import torch
 
     from services.searcher.loop import replica_seed
-    from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs, token_budget_chunks
+    from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs_chunked, token_budget_chunks
     from tba.model.tokenizer import encode_prompt
 
     stream = scorer.task.train_prompts(replica_seed(settings.seed, "reference-pass"))
@@ -241,7 +241,7 @@ def reference_pass(engine, scorer, settings, name: str) -> list[Figure]:
                 fn()
         return (time.perf_counter() - t0) / RELOADS * 1e3
 
-    tree_ms = timed(lambda: shared_prefix_logprobs(model, prompts, completions, T, pad, budget))
+    tree_ms = timed(lambda: shared_prefix_logprobs_chunked(model, prompts, completions, T, pad, budget))
     rows_ms = timed(padded_rows)
     print(f"[bench] reference pass on {name}, {len(pairs)} distinct pairs: prefix trees {tree_ms:.0f} ms, "
           f"padded rows {rows_ms:.0f} ms", flush=True)

@@ -106,6 +106,9 @@ class TrainerSettings(ModelSettings):
     beta_anneal_steps: int = Field(0, ge=0, description="Steps of the linear beta anneal (0: constant).")
     grad_clip: float | None = Field(1.0, gt=0.0, description="Gradient-norm clip (unset: none).")
     token_budget: int = Field(16384, ge=64, description="Padded tokens per micro-batch (gradient accumulation).")
+    prefix_sharing: bool = Field(True, description="Compute each prompt and each shared completion prefix once per "
+                                 "micro-batch (a 4D attention mask; models with sdpa or eager attention), else one "
+                                 "padded row per sample. Same sums and gradients either way.")
     checkpoint_every: int = Field(2, ge=1, description="k: publish a checkpoint every k steps (sync mode: 1).")
     keep_checkpoints: int = Field(3, ge=1, description="Published checkpoints kept on disk.")
     checkpoint_grace_seconds: float = Field(60.0, ge=0.0, description="Never delete a checkpoint younger than this.")

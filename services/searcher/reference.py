@@ -2,7 +2,7 @@
 
 The trainer's definition (:func:`tba.model.logprobs.sequence_logprobs`) on the base model: the sum
 over the completion ids (EOS included when emitted) of log softmax(logits / T) at the token that
-follows. The pass here, :func:`tba.model.logprobs.shared_prefix_logprobs`, returns the same sums
+follows. The pass here, :func:`tba.model.logprobs.shared_prefix_logprobs_chunked`, returns the same sums
 (to float rounding) but feeds each prompt once with the trie of its completions, so the S
 completions of a prompt and their shared first tokens are computed once: on the arithmetic SFT base
 a batch costs about a fifth of the token positions of one row per completion.
@@ -21,7 +21,6 @@ from services.searcher.cpus import spare_cpus
 from tba.settings import SearcherSettings
 
 log = logging.getLogger(__name__)
-MASKED_ATTENTION = ("sdpa", "eager")  # implementations that take the tree's custom 4D attention mask
 
 
 class Reference:
@@ -31,24 +30,23 @@ class Reference:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from tba.model.logprobs import MASKED_ATTENTION, takes_tree_mask
+
         self.settings = settings
         self.pad_id = pad_id
         self.model = AutoModelForCausalLM.from_pretrained(str(settings.model), dtype=getattr(torch, settings.dtype))
         self.model.to(settings.ref_device).eval()
-        attention = getattr(self.model.config, "_attn_implementation", None)
-        if attention not in MASKED_ATTENTION:
+        if not takes_tree_mask(self.model):
             raise ValueError(f"{settings.model}: the reference pass needs attention that takes a 4D mask "
-                             f"({' or '.join(MASKED_ATTENTION)}), this model loads with {attention!r}")
+                             f"({' or '.join(MASKED_ATTENTION)}), this model loads with "
+                             f"{self.model.config._attn_implementation!r}")
         if torch.device(settings.ref_device).type == "cpu":
             # The generation worker has its own cores: more threads than the spare ones would take from it.
             torch.set_num_threads(settings.ref_threads or max(1, len(spare_cpus())))
 
     def logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[float]:
         """log pi_ref(y_i|x_i) under logits/T for each pair, in order."""
-        import torch
+        from tba.model.logprobs import shared_prefix_logprobs_chunked
 
-        from tba.model.logprobs import shared_prefix_logprobs
-
-        with torch.inference_mode():
-            return shared_prefix_logprobs(self.model, prompt_ids, completion_ids, self.settings.temperature,
-                                          self.pad_id, self.settings.ref_token_budget)
+        return shared_prefix_logprobs_chunked(self.model, prompt_ids, completion_ids, self.settings.temperature,
+                                              self.pad_id, self.settings.ref_token_budget)

@@ -1,8 +1,10 @@
 """One optimizer step: micro-batches, tempered policy log-probs, loss, accumulated gradients, AdamW.
 
-The policy's log-probs come from :func:`tba.model.logprobs.sequence_logprobs`,
-the same definition the searchers use for the reference model, so log pi and
-log pi_ref in the loss are computed the same way (logits / T, padding masked).
+The policy's log-probs are :func:`tba.model.logprobs.sequence_logprobs`, the
+same definition the searchers use for the reference model, so log pi and
+log pi_ref in the loss are computed the same way (logits / T, padding masked);
+by default through :func:`~tba.model.logprobs.shared_prefix_logprobs`, which
+returns the same sums (and gradients) computing each prompt once per micro-batch.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from services.trainer.batching import Row, plan_micro_batches, staleness_histogram
 from services.trainer.losses import LossFn, LossInput
-from tba.model.logprobs import sequence_logprobs
+from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs, takes_tree_mask
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,7 +44,7 @@ class Learner:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, loss_fn: LossFn,
                  *, temperature: float, pad_id: int, token_budget: int, grad_clip: float | None,
-                 compute_dtype: str = "float32") -> None:
+                 compute_dtype: str = "float32", prefix_sharing: bool = True) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -53,6 +55,8 @@ class Learner:
         self.grad_clip = grad_clip
         self.device = next(model.parameters()).device
         self.autocast_dtype = AUTOCAST_DTYPES.get(compute_dtype)
+        # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.
+        self.logprobs = shared_prefix_logprobs if prefix_sharing and takes_tree_mask(model) else sequence_logprobs
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -67,7 +71,7 @@ class Learner:
         tokens = 0
         for mb in micro:
             with self._autocast():
-                log_pi = sequence_logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id)
+                log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id)
             x = LossInput(log_pi=log_pi.float(), log_ref=mb.log_ref.to(self.device),
                           reward=mb.reward.to(self.device), prompt_index=mb.prompt_index.to(self.device))
             out = self.loss_fn(x, beta, denom)

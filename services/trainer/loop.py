@@ -128,7 +128,7 @@ class Trainer:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.learner = Learner(model, optimizer, scheduler, make_loss(s.loss), temperature=s.temperature,
                                pad_id=pad_id, token_budget=s.token_budget, grad_clip=s.grad_clip,
-                               compute_dtype=s.dtype)
+                               compute_dtype=s.dtype, prefix_sharing=s.prefix_sharing)
         self.vocab_size = int(model.config.vocab_size)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         return resume

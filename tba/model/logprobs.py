@@ -8,7 +8,6 @@ is masked out of the sums, so the result does not depend on batch padding.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +63,13 @@ def sequence_logprobs(
 
 
 # --- the same sums, each prompt and each shared completion prefix computed once ---
+
+MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that take the trees' custom 4D mask
+
+
+def takes_tree_mask(model: torch.nn.Module) -> bool:
+    return getattr(model.config, "_attn_implementation", None) in MASKED_ATTENTION
+
 
 @dataclass
 class PrefixTree:
@@ -142,15 +148,14 @@ def shared_prefix_logprobs(
     completions: Sequence[Sequence[int]],
     temperature: float,
     pad_id: int,
-    token_budget: int = 16384,
-) -> list[float]:
-    """What :func:`sequence_logprobs` returns, computing each prompt and each shared completion prefix once.
+) -> torch.Tensor:
+    """What :func:`sequence_logprobs` returns (N,), computing each prompt and each shared completion prefix once.
 
     The S completions of a prompt share the prompt and often their first tokens: one row per prompt holds
     the prompt and the trie of its completions (a 4D attention mask: each token sees the prompt and its own
     ancestors; positions by depth), so ``len(prompt) + distinct prefixes`` token positions replace
-    ``S * (len(prompt) + len(completion))``. Rows are batched within ``token_budget`` padded tokens. The
-    model must take a custom 4D mask (sdpa or eager attention, not flash-attention)."""
+    ``S * (len(prompt) + len(completion))``. Differentiable, as the trainer needs. The model must take a
+    custom 4D mask (sdpa or eager attention, not flash-attention)."""
     device = next(model.parameters()).device
     # sdpa takes a boolean mask (faster); eager attention adds the mask to its scores.
     additive = None if getattr(model.config, "_attn_implementation", None) == "sdpa" else next(model.parameters()).dtype
@@ -158,23 +163,48 @@ def shared_prefix_logprobs(
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         by_prompt.setdefault(tuple(p), {})[i] = c
     trees = [PrefixTree.build(p, cs) for p, cs in by_prompt.items()]
+    input_ids, position_ids, mask = (x.to(device) for x in tree_batch(trees, pad_id, additive))
+    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
+    rows, parents, targets = [], [], []  # one entry per trie node, over all trees
+    owners, nodes = [], []  # completion i sums the nodes on its path
+    for r, tree in enumerate(trees):
+        start = len(targets) - tree.prompt_len  # node j of this tree is entry start + j
+        rows += [r] * (len(tree.tokens) - tree.prompt_len)
+        parents += tree.parents[tree.prompt_len:]
+        targets += tree.tokens[tree.prompt_len:]
+        for i, path in tree.paths.items():
+            owners += [i] * len(path)
+            nodes += [start + j for j in path]
+    picked = logits[torch.tensor(rows, device=device), torch.tensor(parents, device=device)]  # (nodes, V)
+    logp = torch.log_softmax(picked.float() / temperature, dim=-1)
+    node_lp = logp.gather(-1, torch.tensor(targets, device=device)[:, None]).squeeze(-1)
+    sums = torch.zeros(len(prompts), dtype=node_lp.dtype, device=device)
+    return sums.index_add(0, torch.tensor(owners, device=device), node_lp[torch.tensor(nodes, device=device)])
+
+
+def shared_prefix_logprobs_chunked(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+    pad_id: int,
+    token_budget: int,
+) -> list[float]:
+    """:func:`shared_prefix_logprobs` without gradients, in passes of at most ``token_budget`` padded tokens
+    (whole prompts per pass: a prompt's completions share its row)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(tuple(p), []).append(i)
+    members = list(groups.values())
+    row_len = [len(prompts[ids[0]]) + sum(len(completions[i]) for i in ids) for ids in members]  # an upper bound
     out = [0.0] * len(prompts)
-    for chunk in token_budget_chunks([len(t.tokens) for t in trees], token_budget):
-        batch = [trees[r] for r in chunk]
-        input_ids, position_ids, mask = (x.to(device) for x in tree_batch(batch, pad_id, additive))
-        logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
-        rows, parents, targets, starts = [], [], [], []
-        for r, tree in enumerate(batch):
-            starts.append(len(targets) - tree.prompt_len)  # node j of this tree is node_lp[start + j]
-            rows += [r] * (len(tree.tokens) - tree.prompt_len)
-            parents += tree.parents[tree.prompt_len:]
-            targets += tree.tokens[tree.prompt_len:]
-        picked = logits[torch.tensor(rows, device=device), torch.tensor(parents, device=device)]  # (nodes, V)
-        logp = torch.log_softmax(picked.float() / temperature, dim=-1)
-        node_lp = logp.gather(-1, torch.tensor(targets, device=device)[:, None]).squeeze(-1).tolist()
-        for tree, start in zip(batch, starts, strict=True):
-            for i, path in tree.paths.items():
-                out[i] = math.fsum(node_lp[start + j] for j in path)
+    with torch.no_grad():
+        for chunk in token_budget_chunks(row_len, token_budget):
+            ids = [i for g in chunk for i in members[g]]
+            sums = shared_prefix_logprobs(model, [prompts[i] for i in ids], [completions[i] for i in ids],
+                                          temperature, pad_id)
+            for i, v in zip(ids, sums.tolist(), strict=True):
+                out[i] = v
     return out
 
 

@@ -13,6 +13,7 @@ from tba.model.logprobs import (
     PrefixTree,
     sequence_logprobs,
     shared_prefix_logprobs,
+    shared_prefix_logprobs_chunked,
     token_budget_chunks,
     tree_batch,
 )
@@ -63,8 +64,22 @@ def test_shared_prefix_sums_equal_the_trainers(model, drawn, budget: int) -> Non
     completions = [c for _, c in drawn]
     with torch.no_grad():
         expected = sequence_logprobs(model, prompts, completions, T, pad_id=0)
-        got = shared_prefix_logprobs(model, prompts, completions, T, pad_id=0, token_budget=budget)
+        got = shared_prefix_logprobs_chunked(model, prompts, completions, T, pad_id=0, token_budget=budget)
     torch.testing.assert_close(torch.tensor(got, dtype=expected.dtype), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_gradients_through_the_trees_equal_the_padded_rows(model) -> None:
+    prompts = [[1, 4], [1, 4], [1, 4], [1, 5, 6, 7, 8], [1, 5, 6, 7, 8]]
+    completions = [[3, 4, 5], [3, 4], [9], [3, 4, 5, 6], [7]]
+    weights = torch.tensor([0.3, -1.0, 2.0, 0.5, -0.7])  # any loss that is linear in the sums
+
+    def grads(fn) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        (fn(model, prompts, completions, T, 0) * weights).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    for tree, rows in zip(grads(shared_prefix_logprobs), grads(sequence_logprobs), strict=True):
+        torch.testing.assert_close(tree, rows, atol=1e-5, rtol=1e-4)
 
 
 @given(st.lists(st.integers(1, 300), min_size=0, max_size=200), st.integers(64, 4096))
