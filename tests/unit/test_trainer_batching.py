@@ -92,10 +92,10 @@ def test_rows_from_batch_merges_a_prompt_served_twice_and_drops_bad_groups() -> 
     assert staleness_histogram(rows) == {2: 3}
 
 
-def grads_after_accumulate(model, rows, budget: int, loss: str = "tb") -> torch.Tensor:
+def grads_after_accumulate(model, rows, budget: int, loss: str = "tb", prefix_sharing: bool = True) -> torch.Tensor:
     optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
     learner = Learner(model, optimizer, scheduler, make_loss(loss), temperature=0.7, pad_id=0,
-                      token_budget=budget, grad_clip=None)
+                      token_budget=budget, grad_clip=None, prefix_sharing=prefix_sharing)
     model.zero_grad(set_to_none=True)
     learner.accumulate(rows, beta=0.1)
     return torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -103,7 +103,8 @@ def grads_after_accumulate(model, rows, budget: int, loss: str = "tb") -> torch.
 
 @pytest.mark.parametrize("loss", ["tb", "grpo"])
 def test_micro_batching_and_shuffling_give_the_gradient_of_one_batch(tiny_model, loss: str) -> None:
-    """Different budgets change the padding and the split; shuffling changes positions: same gradient."""
+    """Different budgets change the padding and the split; shuffling changes positions; prefix trees
+    change the layout: same gradient."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
@@ -113,10 +114,12 @@ def test_micro_batching_and_shuffling_give_the_gradient_of_one_batch(tiny_model,
     shuffled = list(rows)
     random.Random(1).shuffle(shuffled)
     shuffled_split = grads_after_accumulate(model, shuffled, 90, loss)
+    padded_rows = grads_after_accumulate(model, rows, 64, loss, prefix_sharing=False)
     assert whole.norm() > 0
     tol = 1e-5 * whole.abs().max().item()
     torch.testing.assert_close(split, whole, rtol=1e-4, atol=tol)
     torch.testing.assert_close(shuffled_split, whole, rtol=1e-4, atol=tol)
+    torch.testing.assert_close(padded_rows, whole, rtol=1e-4, atol=tol)  # prefix trees or one row per sample
 
 
 def test_padding_does_not_change_the_loss(tiny_model) -> None:
