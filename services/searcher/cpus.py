@@ -6,8 +6,9 @@ it, so the engine core's latency is generation's. The plan:
 
 * the worker keeps the cores vLLM binds it to (``VLLM_CPU_OMP_THREADS_BIND``; ``auto``: every core
   of the first NUMA node but the last), alone;
-* the engine core runs on the cores the worker leaves (the *spare* cores), and so does the
-  searcher's scoring thread (reference pass, rewards, publishing), which overlaps the next batch;
+* the engine core runs on the cores the worker leaves (the *spare* cores), and so do the searcher's
+  own threads: the loop that drives the engine, and the scoring thread (reference pass, rewards,
+  publishing), which overlaps the next batch;
 * the scoring thread runs at a lower priority (``ref_nice``): a generation step must never wait for
   the engine core behind a reference forward.
 
@@ -17,10 +18,11 @@ GPUs, where the compute is on the device; ``nobind`` (the kernel places everythi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 log = logging.getLogger(__name__)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -105,6 +107,22 @@ def pin_engine_core(llm, cpus: Iterable[int]) -> None:
                 os.sched_setaffinity(tid, cpus)
         except OSError as err:
             log.warning("could not pin engine core %d to cpus %s: %s", pid, sorted(cpus), err)
+
+
+@contextlib.contextmanager
+def pinned(cpus: Iterable[int]) -> Iterator[None]:
+    """Run the calling thread (and the threads it starts) on ``cpus``, then put it back where it was.
+
+    An empty ``cpus`` changes nothing."""
+    cpus = set(cpus)
+    before = os.sched_getaffinity(0) if cpus else None
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)
 
 
 def place_thread(cpus: Iterable[int] | None = None, nice: int = 0) -> None:

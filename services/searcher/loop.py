@@ -24,7 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from services.searcher.cpus import place_thread, spare_cpus
+from services.searcher.cpus import pinned, place_thread, spare_cpus
 from services.searcher.engine import Engine, EngineStopped, ReloadError
 from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
 from services.searcher.pacing import Pacer
@@ -129,7 +129,13 @@ class Searcher:
 
     # --- the loop ---
     def run(self) -> int:
-        """Generate until stopped (or ``max_batches``); returns 0 once everything generated is published or spilled."""
+        """Generate until stopped (or ``max_batches``); returns 0 once everything generated is published or spilled.
+
+        On a CPU host the loop's threads run on the cores the generation worker leaves (cpus.py)."""
+        with pinned(spare_cpus() if self.engine.on_cpu else ()):
+            return self._run()
+
+    def _run(self) -> int:
         self.watcher.poll_once()  # a late joiner catches up before its first batch
         self.watcher.start()
         worker = self._worker = threading.Thread(target=self._work, name="score-publish", daemon=True)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from services.searcher.cpus import generation_cpus, parse_cpu_list, place_thread, spare_cpus
+from services.searcher.cpus import generation_cpus, parse_cpu_list, pinned, place_thread, spare_cpus
 from services.searcher.engine import EngineStopped, guarded_call, should_restore
 
 
@@ -89,3 +89,18 @@ def test_place_thread_pins_and_lowers_only_the_calling_thread() -> None:
     thread.join()
     assert seen == {"cpus": {cpu}, "nice": 7}
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # this thread is untouched
+
+
+def test_pinned_moves_the_calling_thread_and_puts_it_back() -> None:
+    before = os.sched_getaffinity(0)
+    cpu = sorted(before)[-1]
+    with pinned([cpu]):
+        assert os.sched_getaffinity(0) == {cpu}
+        started: dict[str, set[int]] = {}
+        thread = threading.Thread(target=lambda: started.update(cpus=os.sched_getaffinity(0)))
+        thread.start()
+        thread.join()
+        assert started["cpus"] == {cpu}  # threads started inside inherit the placement
+    assert os.sched_getaffinity(0) == before
+    with pinned([]):  # nothing spare (nobind): nothing changes
+        assert os.sched_getaffinity(0) == before
