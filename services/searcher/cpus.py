@@ -125,14 +125,12 @@ def pinned(cpus: Iterable[int]) -> Iterator[None]:
             os.sched_setaffinity(0, before)
 
 
-def place_thread(cpus: Iterable[int] | None = None, nice: int = 0) -> None:
-    """Pin the calling thread to ``cpus`` and run it at niceness ``nice`` at least (Linux: both per thread)."""
-    cpus = set(cpus or ())
+def lower_thread_priority(nice: int) -> None:
+    """Run the calling thread at niceness ``nice`` at least (Linux: niceness is per thread)."""
+    if nice <= 0:
+        return
+    tid = threading.get_native_id()
     try:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-        if nice > 0:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-    except (OSError, AttributeError) as err:
-        log.warning("could not place the scoring thread (cpus %s, nice %d): %s", sorted(cpus), nice, err)
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+    except OSError as err:
+        log.warning("could not lower the scoring thread's priority to niceness %d: %s", nice, err)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from services.searcher.cpus import pinned, place_thread, spare_cpus
+from services.searcher.cpus import lower_thread_priority, pinned, spare_cpus
 from services.searcher.engine import Engine, EngineStopped, ReloadError
 from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
 from services.searcher.pacing import Pacer
@@ -258,8 +258,8 @@ class Searcher:
 
     def _work(self) -> None:
         """Worker thread: score and publish batches in order; replay spilled groups when idle."""
-        if self.engine.on_cpu:  # background work: on the spare cores, below generation's priority (cpus.py)
-            place_thread(spare_cpus(), self.settings.ref_nice)
+        if self.engine.on_cpu:  # background work (on the spare cores, as run() placed it): below generation
+            lower_thread_priority(self.settings.ref_nice)
         try:
             while True:
                 try:
