@@ -5,13 +5,12 @@ the reader spins (``sched_yield``) for a whole second before it sleeps on a sock
 and the trainer share a few cores, those seconds are taken from the others: in a ``tba up`` run on 2
 cores the idle engine workers used 1.3 cores while the trainer got 0.36, and in the searcher
 benchmark the engine core, spinning while its worker computes, used 0.93 of a core (0.24 with the
-short window). :func:`configure_process` shortens the window
-to ``TBA_WORKER_SPIN_SECONDS`` (set by the engine from the searcher's settings) before the process
-builds its queues. The cost is a socket wake-up, well under a millisecond, on a wait longer than the
-window. Two ways in, one function: vLLM loads it as a general plugin in every process it starts
-(entry point ``vllm.general_plugins``, so the engine core too), and importing this module as the
-worker extension (``worker_extension_cls``) runs it in the workers where the package's entry points
-are not installed.
+short window). :func:`configure_process` shortens the window to ``TBA_WORKER_SPIN_SECONDS`` (set by
+the engine from the searcher's settings) before the process builds its queues. The cost is a socket
+wake-up, well under a millisecond, on a wait longer than the window. Two ways in, one function: vLLM
+loads it as a general plugin in every process it starts (entry point ``vllm.general_plugins``, so
+the engine core too), and importing this module as the worker extension (``worker_extension_cls``)
+runs it in the workers where the package's entry points are not installed.
 """
 
 from __future__ import annotations

@@ -142,27 +142,21 @@ def tree_batch(
     return input_ids, position_ids, mask
 
 
-def shared_prefix_logprobs(
-    model: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
-    completions: Sequence[Sequence[int]],
-    temperature: float,
-    pad_id: int,
-) -> torch.Tensor:
-    """What :func:`sequence_logprobs` returns (N,), computing each prompt and each shared completion prefix once.
-
-    The S completions of a prompt share the prompt and often their first tokens: one row per prompt holds
-    the prompt and the trie of its completions (a 4D attention mask: each token sees the prompt and its own
-    ancestors; positions by depth), so ``len(prompt) + distinct prefixes`` token positions replace
-    ``S * (len(prompt) + len(completion))``. Differentiable, as the trainer needs. The model must take a
-    custom 4D mask (sdpa or eager attention, not flash-attention)."""
-    device = next(model.parameters()).device
-    # sdpa takes a boolean mask (faster); eager attention adds the mask to its scores.
-    additive = None if getattr(model.config, "_attn_implementation", None) == "sdpa" else next(model.parameters()).dtype
+def prefix_trees(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[PrefixTree]:
+    """One tree per distinct prompt; completion ``i`` of the inputs is path ``i`` of its prompt's tree."""
     by_prompt: dict[tuple[int, ...], dict[int, Sequence[int]]] = {}
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         by_prompt.setdefault(tuple(p), {})[i] = c
-    trees = [PrefixTree.build(p, cs) for p, cs in by_prompt.items()]
+    return [PrefixTree.build(p, cs) for p, cs in by_prompt.items()]
+
+
+def tree_logprob_sums(
+    model: torch.nn.Module, trees: Sequence[PrefixTree], n: int, temperature: float, pad_id: int
+) -> torch.Tensor:
+    """(n,) sums over each path of ``trees`` (one forward pass); 0 for completions not in these trees."""
+    device = next(model.parameters()).device
+    # sdpa takes a boolean mask (faster); eager attention adds the mask to its scores.
+    additive = None if getattr(model.config, "_attn_implementation", None) == "sdpa" else next(model.parameters()).dtype
     input_ids, position_ids, mask = (x.to(device) for x in tree_batch(trees, pad_id, additive))
     logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
     rows, parents, targets = [], [], []  # one entry per trie node, over all trees
@@ -178,8 +172,25 @@ def shared_prefix_logprobs(
     picked = logits[torch.tensor(rows, device=device), torch.tensor(parents, device=device)]  # (nodes, V)
     logp = torch.log_softmax(picked.float() / temperature, dim=-1)
     node_lp = logp.gather(-1, torch.tensor(targets, device=device)[:, None]).squeeze(-1)
-    sums = torch.zeros(len(prompts), dtype=node_lp.dtype, device=device)
+    sums = torch.zeros(n, dtype=node_lp.dtype, device=device)
     return sums.index_add(0, torch.tensor(owners, device=device), node_lp[torch.tensor(nodes, device=device)])
+
+
+def shared_prefix_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+    pad_id: int,
+) -> torch.Tensor:
+    """What :func:`sequence_logprobs` returns (N,), computing each prompt and each shared completion prefix once.
+
+    The S completions of a prompt share the prompt and often their first tokens: one row per prompt holds
+    the prompt and the trie of its completions (a 4D attention mask: each token sees the prompt and its own
+    ancestors; positions by depth), so ``len(prompt) + distinct prefixes`` token positions replace
+    ``S * (len(prompt) + len(completion))``. Differentiable, as the trainer needs. The model must take a
+    custom 4D mask (sdpa or eager attention, not flash-attention)."""
+    return tree_logprob_sums(model, prefix_trees(prompts, completions), len(prompts), temperature, pad_id)
 
 
 def shared_prefix_logprobs_chunked(
@@ -191,21 +202,13 @@ def shared_prefix_logprobs_chunked(
     token_budget: int,
 ) -> list[float]:
     """:func:`shared_prefix_logprobs` without gradients, in passes of at most ``token_budget`` padded tokens
-    (whole prompts per pass: a prompt's completions share its row)."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(tuple(p), []).append(i)
-    members = list(groups.values())
-    row_len = [len(prompts[ids[0]]) + sum(len(completions[i]) for i in ids) for ids in members]  # an upper bound
-    out = [0.0] * len(prompts)
+    (whole trees per pass; each completion is in exactly one tree, so the passes' sums add up)."""
+    trees = prefix_trees(prompts, completions)
+    out = torch.zeros(len(prompts))
     with torch.no_grad():
-        for chunk in token_budget_chunks(row_len, token_budget):
-            ids = [i for g in chunk for i in members[g]]
-            sums = shared_prefix_logprobs(model, [prompts[i] for i in ids], [completions[i] for i in ids],
-                                          temperature, pad_id)
-            for i, v in zip(ids, sums.tolist(), strict=True):
-                out[i] = v
-    return out
+        for chunk in token_budget_chunks([len(t.tokens) for t in trees], token_budget):
+            out += tree_logprob_sums(model, [trees[r] for r in chunk], len(prompts), temperature, pad_id).cpu()
+    return out.tolist()
 
 
 def token_budget_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
