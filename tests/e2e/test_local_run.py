@@ -51,8 +51,12 @@ def test_trainer_published_versions(run: dict) -> None:
 def test_both_searchers_reloaded(run: dict) -> None:
     searcher_versions = run["summary"]["searcher_versions"]
     assert set(searcher_versions) == {"searcher-0", "searcher-1"}, searcher_versions
+    # The warm-up is generated from the base model (version 0). A searcher whose engine comes up after the
+    # trainer's first checkpoints (the trainer needs one searcher's batch to start) catches up before its
+    # first batch, so only the first to start is sure to publish version 0.
+    assert any(0 in versions for versions in searcher_versions.values()), searcher_versions
     for name, versions in searcher_versions.items():
-        assert 0 in versions, f"{name} never published from the base model: {versions}"
+        assert versions, f"{name} published nothing"
         assert max(versions) > 0, f"{name} never carried a reloaded version: {versions}"
         assert set(versions) <= set(run["summary"]["versions_published"]) | {0}
 
