@@ -13,7 +13,9 @@ searcher ever trains on:
 A completion is correct when its reward is positive (binary tasks: reward 1).
 Decoding is transformers with a KV cache (:mod:`tba.model.generate`), so SFT,
 this command and the end-to-end report evaluate in-process without a vLLM
-engine. :func:`evaluate_checkpoint` is the entry point for scripts.
+engine. Prompts are asked as the searchers ask them: in chat form through the
+model's chat template when the task is (``--chat-template``, as ``TBA_CHAT_TEMPLATE``).
+:func:`evaluate_checkpoint` is the entry point for scripts.
 """
 
 from __future__ import annotations
@@ -65,22 +67,32 @@ def load_model(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
 
 
 def complete(model: Any, tokenizer: Any, texts: Sequence[str], *, max_new_tokens: int = 16,
-             temperature: float = 0.0, seed: int | None = None) -> list[str]:
+             temperature: float = 0.0, seed: int | None = None, prompt_format: Any = None) -> list[str]:
     """Completion texts (EOS removed) of prompt texts; greedy when ``temperature`` is 0."""
-    from tba.model.generate import generate, strip_eos
-    from tba.model.tokenizer import encode_prompt
+    from tba.model.generate import eos_ids, generate, strip_eos
+    from tba.model.tokenizer import PLAIN
 
-    eos = tokenizer.eos_token_id
-    ids = generate(model, [encode_prompt(tokenizer, t) for t in texts], max_new_tokens=max_new_tokens,
-                   eos_id=eos, pad_id=tokenizer.pad_token_id, temperature=temperature, seed=seed)
+    fmt = prompt_format or PLAIN
+    eos = eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    ids = generate(model, [fmt.encode(tokenizer, t) for t in texts], max_new_tokens=max_new_tokens,
+                   eos_id=eos, pad_id=pad, temperature=temperature, seed=seed)
     return [tokenizer.decode(strip_eos(c, eos), skip_special_tokens=True) for c in ids]
+
+
+def prompt_format_for(task: Any, system_prompt: str | None = None) -> Any:
+    """How the task's prompts are encoded: through the chat template when the task is in chat form."""
+    from tba.model.tokenizer import PromptFormat
+
+    return PromptFormat(chat=task.chat, system_prompt=system_prompt)
 
 
 def greedy_accuracy(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], max_new_tokens: int = 16) -> float:
     """pass@1 with greedy decoding: the figure SFT stops on and the end-to-end run reports."""
     if not prompts:
         raise ValueError("no evaluation prompts")
-    texts = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens)
+    texts = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens,
+                     prompt_format=prompt_format_for(task))
     return sum(task.reward(p, t) > 0 for p, t in zip(prompts, texts, strict=True)) / len(prompts)
 
 
@@ -106,16 +118,17 @@ def score_samples(task: Any, prompts: Sequence[Any], completions: Sequence[Seque
 
 
 def _sampled_metrics(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], samples: int,
-                     ks: Sequence[int], temperature: float, max_new_tokens: int, seed: int) -> dict[str, Any]:
+                     ks: Sequence[int], temperature: float, max_new_tokens: int, seed: int,
+                     prompt_format: Any) -> dict[str, Any]:
     texts = complete(model, tokenizer, [p.text for p in prompts for _ in range(samples)],
-                     max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+                     max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, prompt_format=prompt_format)
     groups = [texts[i * samples:(i + 1) * samples] for i in range(len(prompts))]
     return score_samples(task, prompts, groups, ks)
 
 
 def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 200, samples: int = 16,
                    pass_k: Sequence[int] = (1, 4, 16), temperature: float = 0.7, max_new_tokens: int = 16,
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, system_prompt: str | None = None) -> dict[str, Any]:
     """Every figure of this module for a loaded model; ``samples=0`` measures greedy pass@1 only."""
     ks = sorted(set(pass_k))
     if samples and any(not 1 <= k <= samples for k in ks):
@@ -123,14 +136,16 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 20
     prompts = task.eval_prompts(n_prompts)
     if not prompts:
         raise ValueError(f"task {task.name!r} has no held-out prompts")
+    fmt = prompt_format_for(task, system_prompt)
     start = time.monotonic()
-    greedy = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens)
+    greedy = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens, prompt_format=fmt)
     greedy_rewards = [task.rewards(p, [t])[0] for p, t in zip(prompts, greedy, strict=True)]
     out: dict[str, Any] = {
         "task": task.name,
         "n_prompts": len(prompts),
         "greedy_accuracy": sum(r > 0 for r in greedy_rewards) / len(prompts),
         "greedy_reward": sum(greedy_rewards) / len(prompts),
+        "chat": task.chat,
         "samples": samples,
         "temperature": temperature,
         "pass_at_k": {},
@@ -139,28 +154,31 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 20
         "examples": [{"prompt": p.text, "greedy": t} for p, t in zip(prompts[:3], greedy[:3], strict=True)],
     }
     if samples:
-        out.update(_sampled_metrics(model, tokenizer, task, prompts, samples, ks, temperature, max_new_tokens, seed))
+        out.update(_sampled_metrics(model, tokenizer, task, prompts, samples, ks, temperature, max_new_tokens, seed,
+                                    fmt))
     out["eval_seconds"] = round(time.monotonic() - start, 3)
     return out
 
 
 def evaluate_checkpoint(model_dir: str | Path, task: Any, n_prompts: int = 200, *,
-                        task_options: dict[str, Any] | None = None, device: str = "cpu", threads: int = 0,
-                        **kwargs: Any) -> dict[str, Any]:
+                        task_options: dict[str, Any] | None = None, chat_template: str = "auto", device: str = "cpu",
+                        threads: int = 0, **kwargs: Any) -> dict[str, Any]:
     """Load ``model_dir`` (a model directory or a checkpoint root) and evaluate it on ``task``.
 
-    ``task`` is a :class:`~tba.tasks.Task` or a registered name (with ``task_options``);
-    ``threads`` torch CPU threads (0: the idle cores); ``kwargs`` go to :func:`evaluate_model`
-    (samples, pass_k, temperature, max_new_tokens, seed).
+    ``task`` is a :class:`~tba.tasks.Task` or a registered name (with ``task_options``, in chat form
+    as ``chat_template`` and the model's tokenizer decide); ``threads`` torch CPU threads (0: the idle
+    cores); ``kwargs`` go to :func:`evaluate_model` (samples, pass_k, temperature, max_new_tokens, seed,
+    system_prompt).
     """
     from tba.model.threads import torch_threads
+    from tba.model.tokenizer import uses_chat
     from tba.tasks import make_task
 
-    if isinstance(task, str):
-        task = make_task(task, task_options)
     directory = resolve_model_dir(model_dir)
     with torch_threads(threads):
         model, tokenizer = load_model(directory, device)
+        if isinstance(task, str):
+            task = make_task(task, task_options, chat=uses_chat(tokenizer, chat_template))
         result = evaluate_model(model, tokenizer, task, n_prompts=n_prompts, **kwargs)
     return {"model": str(directory), **result}
 
@@ -186,7 +204,9 @@ def format_table(result: dict[str, Any]) -> str:
     table.add_row("seconds", f"{result['eval_seconds']:.1f}")
     buf = StringIO()
     console = Console(file=buf, width=100)
-    console.print(f"{result['task']}: {result['n_prompts']} held-out prompts, model {result.get('model', '?')}",
+    form = "chat" if result.get("chat") else "plain"
+    console.print(f"{result['task']} ({form} prompts): {result['n_prompts']} held-out prompts, model "
+                  f"{result.get('model', '?')}",
                   soft_wrap=True, highlight=False)
     console.print(table)
     return buf.getvalue()
@@ -211,6 +231,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pass-k", type=_ks, default=[1, 4, 16], help="k values of pass@k, comma-separated.")
     parser.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature T.")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="Largest completion length.")
+    parser.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
+                        help="Ask prompts through the model's chat template: auto (when it has one), on, off.")
+    parser.add_argument("--system-prompt", default=None, help="System message before each chat prompt.")
     parser.add_argument("--seed", type=int, default=0, help="Sampling seed.")
     parser.add_argument("--threads", type=int, default=0, help="Torch CPU threads (0: the idle cores).")
     parser.add_argument("--json", action="store_true", help="Print the result as JSON (for scripts).")
@@ -233,10 +256,11 @@ def main(args: argparse.Namespace) -> int:
     from tba.tasks import make_task
 
     try:
-        task = make_task(args.task, options)
-        result = evaluate_checkpoint(args.checkpoint, task, args.n_prompts, samples=args.samples, pass_k=ks,
+        make_task(args.task, options)  # a bad name or option fails before the model loads
+        result = evaluate_checkpoint(args.checkpoint, args.task, args.n_prompts, task_options=options,
+                                     chat_template=args.chat_template, samples=args.samples, pass_k=ks,
                                      temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                     seed=args.seed, threads=args.threads)
+                                     seed=args.seed, threads=args.threads, system_prompt=args.system_prompt)
     except (ValueError, OSError, CheckpointError) as err:
         print(f"tba eval: {err}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import socket
+import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -143,8 +144,15 @@ class SearcherSettings(ModelSettings):
                              description="This replica's id (also seeds its prompt stream).")
     samples_per_prompt: int = Field(8, ge=1, description="S: completions per prompt.")
     prompts_per_batch: int = Field(16, ge=1, description="Prompts per generation batch.")
-    max_new_tokens: int = Field(16, ge=1, description="Largest completion length.")
-    max_model_len: int = Field(128, ge=16, description="vLLM max model length.")
+    max_new_tokens: int = Field(16, ge=1, le=1 << 20, description="Largest completion length.")
+    max_model_len: int = Field(128, ge=16, le=1 << 24, description="vLLM max model length.")
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto", description="Ask the task's prompts as chat messages through the model's chat template: auto "
+        "(when its tokenizer has one), on (required), off (plain text). Sets how answers are read too.")
+    system_prompt: str | None = Field(None, description="System message before each chat prompt (unset: the "
+                                      "template's own default, if any).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (JSON list) that end a completion "
+                            "besides the model's EOS tokens; the completion keeps the stop string.")
     kv_cache_gib: float = Field(1.0, gt=0.0, description="vLLM CPU KV-cache space in GiB.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel size.")
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="vLLM GPU memory fraction.")
@@ -174,6 +182,13 @@ class SearcherSettings(ModelSettings):
     flush_timeout_seconds: float = Field(30.0, ge=0.0, description="Time to publish spilled groups at shutdown.")
     max_batches: int | None = Field(None, ge=1, description="Stop after this many batches (unset: run forever).")
 
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, v: list[str]) -> list[str]:
+        if len(v) > 64 or any(not s or len(s) > 256 for s in v):
+            raise ValueError("at most 64 stop strings, each 1 to 256 characters")
+        return v
+
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -189,6 +204,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[CommonSett
         group.add_argument(_flag(name), dest=f"setting__{name}", default=None, metavar="VALUE", help=help_text)
 
 
+def _json_valued(cls: type[CommonSettings], name: str) -> bool:
+    """Fields given as JSON on the command line, as in the environment (lists and dicts)."""
+    return typing.get_origin(cls.model_fields[name].annotation) in (list, dict)
+
+
 def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overrides: Any) -> S:
     """Build settings from env, then CLI flags, then keyword overrides; explain any bad value."""
     values: dict[str, Any] = {}
@@ -196,11 +216,11 @@ def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overri
         for key, val in vars(args).items():
             if key.startswith("setting__") and val is not None:
                 name = key.removeprefix("setting__")
-                if name == "task_options":
+                if _json_valued(cls, name):
                     try:
                         val = json.loads(val)
                     except ValueError:
-                        raise SettingsError(f"--task-options: not valid JSON ({val!r})") from None
+                        raise SettingsError(f"{_flag(name)}: not valid JSON ({val!r})") from None
                 values[name] = val
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:

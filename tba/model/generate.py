@@ -4,16 +4,31 @@ The searchers generate with vLLM; evaluation (``tba eval``, the SFT stopping
 test, the end-to-end report) decodes with this small loop instead, so it runs
 in the calling process without an engine start. Prompts are left-padded and
 given explicit position ids, so a prompt decodes the same whatever its batch
-neighbours; the whole batch stops as soon as every row has emitted EOS.
+neighbours; a row ends at any of the model's EOS tokens (instruction-tuned models
+often have several: :func:`eos_ids`), and the whole batch stops as soon as every
+row has ended.
 Sampling draws from softmax(logits / T), the tempered policy the TB loss trains
 (ALGORITHM.md §2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import torch
+
+
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every token that ends a completion: the tokenizer's EOS and the generation config's (vLLM stops on both)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(configured) if isinstance(configured, list | tuple) else {configured} - {None}
+    return sorted(ids)
+
+
+def _as_set(eos_id: int | Collection[int]) -> set[int]:
+    return {eos_id} if isinstance(eos_id, int) else set(eos_id)
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,12 +55,14 @@ def _generate_batch(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Collection[int],
     pad_id: int,
     temperature: float,
     generator: torch.Generator | None,
 ) -> list[list[int]]:
     device = next(model.parameters()).device
+    eos = _as_set(eos_id)
+    eos_t = torch.tensor(sorted(eos), dtype=torch.long, device=device)
     input_ids, attention_mask = _left_pad(prompts, pad_id)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L): real tokens count from 0
@@ -63,7 +80,7 @@ def _generate_batch(
         tok = tok.masked_fill(done, pad_id)
         out[:, t] = tok
         steps = t + 1
-        done |= tok == eos_id
+        done |= torch.isin(tok, eos_t)
         if bool(done.all()):
             break
         step_ids = tok.unsqueeze(-1)
@@ -72,7 +89,8 @@ def _generate_batch(
     completions = []
     for row in out[:, :steps].tolist():
         # A row ends at its first EOS (kept); one that never emitted it ran every step.
-        completions.append(row[: row.index(eos_id) + 1] if eos_id in row else row)
+        end = next((i for i, tok in enumerate(row) if tok in eos), None)
+        completions.append(row if end is None else row[: end + 1])
     return completions
 
 
@@ -81,7 +99,7 @@ def generate(
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Collection[int],
     pad_id: int,
     temperature: float = 0.0,
     seed: int | None = None,
@@ -111,7 +129,7 @@ def generate(
         model.train(was_training)
 
 
-def strip_eos(ids: Sequence[int], eos_id: int) -> list[int]:
+def strip_eos(ids: Sequence[int], eos_id: int | Collection[int]) -> list[int]:
     """Completion ids without the trailing EOS (what rewards and answer text are computed on)."""
     ids = list(ids)
-    return ids[:-1] if ids and ids[-1] == eos_id else ids
+    return ids[:-1] if ids and ids[-1] in _as_set(eos_id) else ids

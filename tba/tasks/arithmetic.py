@@ -1,7 +1,10 @@
 """Procedurally generated addition, exactly verifiable: ``37+45=`` -> ``82``.
 
 The CPU stand-in for GSM8K. ``digits`` sets the operand size; a fixed hash
-split keeps held-out prompts out of training.
+split keeps held-out prompts out of training. Plain form: the completion must
+be the sum exactly. Chat form: ``What is 37+45? Answer with the number only.``,
+and the last number of the reply is the answer (instruction-tuned models say
+``37 + 45 = 82``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+from tba.tasks.answers import last_number
 from tba.tasks.base import Prompt, Task, check_fraction, draw_distinct, is_held_out, register
 
 # Below this many operand pairs the held-out set is enumerated: exact, and it
@@ -27,8 +31,8 @@ class Arithmetic(Task):
         self.high = 10**digits - 1
 
     def _prompt(self, a: int, b: int) -> Prompt:
-        text = f"{a}+{b}="
-        return Prompt(prompt_id=text, text=text, answer=str(a + b))
+        text = f"What is {a}+{b}? Answer with the number only." if self.chat else f"{a}+{b}="
+        return Prompt(prompt_id=f"{a}+{b}=", text=text, answer=str(a + b))
 
     def _draw(self, rng: random.Random) -> Prompt:
         return self._prompt(rng.randint(self.low, self.high), rng.randint(self.low, self.high))
@@ -56,6 +60,8 @@ class Arithmetic(Task):
         return draw_distinct(draw, n, max_draws=1000 + int(100 * n / self.held_out_fraction))
 
     def reward(self, prompt: Prompt, completion: str) -> float:
+        if self.chat:
+            return 1.0 if last_number(completion) == int(prompt.answer) else 0.0
         return 1.0 if completion.strip() == prompt.answer else 0.0
 
     def sft_target(self, prompt: Prompt) -> str:

@@ -4,6 +4,14 @@ A task hands out training prompts as an endless seeded stream (each searcher
 replica seeds it differently, so replicas explore different prompts), a fixed
 held-out evaluation set disjoint from training, and supervised examples for the
 warm-up. Rewards are pure functions of the prompt and the completion text.
+
+A task speaks one of two forms, fixed when it is made (:func:`make_task`): plain
+(``37+45=``, completed by a model trained on the task's own format, the tiny model)
+or chat (``What is 37+45? Answer with the number only.``, a user message for an
+instruction-tuned model, rendered through its chat template by
+:class:`~tba.model.tokenizer.PromptFormat`). The form sets the prompt text and how
+the answer is read from a completion; a prompt's id is the same in both forms, so
+the held-out split is too.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class Prompt:
 class Task(ABC):
     name: ClassVar[str]
     multi_answer: ClassVar[bool] = False  # many distinct correct answers per prompt (diversity metrics)
+    chat: bool = False  # prompts are user messages for a chat template; answers are read from chat replies
 
     @abstractmethod
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
@@ -97,11 +106,13 @@ def task_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_task(name: str, options: dict[str, Any] | None = None) -> Task:
-    """Build a registered task; unknown names and options get an error naming them."""
+def make_task(name: str, options: dict[str, Any] | None = None, *, chat: bool = False) -> Task:
+    """Build a registered task in plain or chat form; unknown names and options get an error naming them."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
     try:
-        return _REGISTRY[name](**(options or {}))
+        task = _REGISTRY[name](**(options or {}))
     except TypeError as err:
         raise ValueError(f"bad options for task {name!r}: {err}") from None
+    task.chat = chat
+    return task

@@ -9,6 +9,10 @@ Completions are checked by the safe parser of :mod:`tba.tasks.expr`, never
 used. Prompts are generated so that solutions exist (the target is drawn from
 the values at least ``min_solutions`` distinct expressions reach), and kept
 short for the tiny model (``24 from 2 3 4 6:`` and answers of at most ~12 characters).
+
+Chat form: the same puzzle asked in words; the answer is the last run of
+expression characters in the reply that holds an operator (``4*6 = 24`` gives
+``4*6``). The prompt id is the plain text in both forms.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tba.tasks import expr
 from tba.tasks.base import Prompt, Task, check_fraction, draw_distinct, is_held_out, register
 
 _PROMPT = re.compile(r"^(\d+) from (\d+(?: \d+)*):$")
+_EXPRESSION_RUN = re.compile(r"[0-9+\-*() ]+")
 
 
 def parse_prompt(text: str) -> tuple[int, list[int]]:
@@ -104,8 +109,11 @@ class Countdown(Task):
         targets = self._targets(given)
         if not targets:
             return None
-        text = f"{rng.choice(targets)} from {' '.join(map(str, given))}:"
-        return Prompt(prompt_id=text, text=text, answer=text.split(" ", 1)[0])
+        target, numbers = rng.choice(targets), " ".join(map(str, given))
+        plain = f"{target} from {numbers}:"
+        text = (f"Use some of the numbers {numbers}, each at most once, with +, -, * and parentheses to make "
+                f"{target}. Answer with the expression only.") if self.chat else plain
+        return Prompt(prompt_id=plain, text=text, answer=str(target))
 
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
         rng = random.Random(f"countdown-train-{self.count}-{self.max_number}-{seed}")
@@ -123,11 +131,18 @@ class Countdown(Task):
         return draw_distinct(lambda: self._try(rng, held_out=True), n,
                              max_draws=1000 + int(100 * n / self.held_out_fraction))
 
+    def _expression(self, completion: str) -> str:
+        """The answer's text: the completion (plain), or its last run of expression characters with an operator."""
+        if not self.chat:
+            return completion.strip()
+        runs = [r.strip() for r in _EXPRESSION_RUN.findall(completion) if any(op in r for op in "+-*")]
+        return runs[-1] if runs else ""
+
     def _check(self, prompt: Prompt, completion: str) -> expr.Node | None:
         """The parsed completion if it is a correct answer, else None."""
-        target, given = parse_prompt(prompt.text)
+        target, given = parse_prompt(prompt.prompt_id)
         try:
-            node = expr.parse(completion.strip())
+            node = expr.parse(self._expression(completion))
         except expr.ExpressionError:
             return None
         if expr.numbers(node) - Counter(given):  # a number not given, or used too often
@@ -142,7 +157,7 @@ class Countdown(Task):
         return None if node is None else expr.canonical(node)
 
     def sft_target(self, prompt: Prompt) -> str:
-        target, given = parse_prompt(prompt.text)
+        target, given = parse_prompt(prompt.prompt_id)
         found = self._solve(tuple(sorted(given))).get(target) or expr.solutions(given, target)
         if not found:
             raise ValueError(f"prompt {prompt.text!r} has no solution")

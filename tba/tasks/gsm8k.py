@@ -3,31 +3,22 @@
 Each line is ``{"question": ..., "answer": "... #### 42"}``. The reward is 1
 when the last number in the completion equals the last number of the gold
 answer (the part after ``####`` when present), commas stripped and compared as
-numbers (``1,000`` = ``1000.0``), else 0 (ALGORITHM.md §4).
+numbers (``1,000`` = ``1000.0``), else 0 (the paper's rule), in both forms. The
+plain form prompts with ``template``; the chat form asks the question itself.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections.abc import Iterator
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 
+from tba.tasks.answers import last_number
 from tba.tasks.base import Prompt, Task, register
 from tba.tasks.files import PromptFile, Row, text_id
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
-
-
-def last_number(text: str) -> Decimal | None:
-    """The last number in ``text`` (commas stripped), or None when there is none."""
-    for match in reversed(_NUMBER.findall(text)):
-        try:
-            return Decimal(match.replace(",", ""))
-        except InvalidOperation:
-            continue
-    return None
 
 
 def gold_number(answer: str) -> Decimal | None:
@@ -54,17 +45,20 @@ class GSM8K(Task):
                                eval_path=eval_path, held_out_fraction=held_out_fraction)
 
     def _to_prompt(self, row: Row) -> Prompt:
+        """The question as the prompt text; :meth:`_form` puts it into the template of the plain form."""
         question = row["question"].strip()
         if gold_number(row["answer"]) is None:
             raise ValueError(f"gsm8k answer has no number: {row['answer'][:80]!r}")
-        return Prompt(prompt_id=text_id(question), text=self.template.format(question=question),
-                      answer=row["answer"])
+        return Prompt(prompt_id=text_id(question), text=question, answer=row["answer"])
+
+    def _form(self, prompt: Prompt) -> Prompt:
+        return prompt if self.chat else dataclasses.replace(prompt, text=self.template.format(question=prompt.text))
 
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
-        return self.data.train_prompts(seed)
+        return map(self._form, self.data.train_prompts(seed))
 
     def eval_prompts(self, n: int) -> list[Prompt]:
-        return self.data.eval_prompts(n)
+        return [self._form(p) for p in self.data.eval_prompts(n)]
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         got = last_number(completion)
