@@ -25,8 +25,8 @@ def table() -> str:
         cls = next(c for c in SERVICES.values() if name in c.model_fields)
         field = cls.model_fields[name]
         default = field.get_default(call_default_factory=False)
-        if field.default_factory is dict:
-            shown = "`{}`"
+        if field.default_factory in (dict, list):
+            shown = f"`{field.default_factory()}`"
         elif field.default_factory is not None:  # derived from the host or process (ids)
             shown = "(per host)"
         else:

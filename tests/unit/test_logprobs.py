@@ -23,13 +23,30 @@ T = 0.7
 SMALL = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256)
 
 
-@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def gqa_tied_model(attention: str):
+    """What real models bring that the tiny one lacks: grouped-query attention (4 heads sharing 2 KV heads) and
+    an output layer tied to the embeddings, as SmolLM2, Llama 3.2 and Qwen 2.5 small models have."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    config = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+                         tie_word_embeddings=True, attn_implementation=attention)
+    model = LlamaForCausalLM(config).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model
+
+
+@pytest.fixture(scope="module", params=[("sdpa", "mha"), ("eager", "mha"), ("sdpa", "gqa-tied"),
+                                        ("eager", "gqa-tied")], ids="-".join)
 def model(request, tmp_path_factory: pytest.TempPathFactory):
     from transformers import AutoModelForCausalLM
 
+    attention, arch = request.param
+    if arch == "gqa-tied":
+        return gqa_tied_model(attention)
     path = init_model(tmp_path_factory.mktemp("small") / "m", SMALL, seed=3)
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                                attn_implementation=request.param).eval()
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation=attention).eval()
 
 
 def test_a_tree_holds_the_prompt_once_and_each_distinct_prefix_once() -> None:
@@ -80,6 +97,19 @@ def test_gradients_through_the_trees_equal_the_padded_rows(model) -> None:
 
     for tree, rows in zip(grads(shared_prefix_logprobs), grads(sequence_logprobs), strict=True):
         torch.testing.assert_close(tree, rows, atol=1e-5, rtol=1e-4)
+
+
+def test_long_prompts_and_completions(model) -> None:
+    # Chat prompts of hundreds of tokens and completions of up to 256 that share their first tokens.
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 60, (n,), generator=gen).tolist() for n in (300, 300, 300, 120)]
+    stem = torch.randint(3, 60, (200,), generator=gen).tolist()
+    completions = [stem + torch.randint(3, 60, (56,), generator=gen).tolist(), stem[:150], stem + [4],
+                   torch.randint(3, 60, (256,), generator=gen).tolist()]
+    with torch.no_grad():
+        expected = sequence_logprobs(model, prompts, completions, T, pad_id=0)
+        got = shared_prefix_logprobs(model, prompts, completions, T, pad_id=0)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-5)
 
 
 @given(st.lists(st.integers(1, 300), min_size=0, max_size=200), st.integers(64, 4096))

@@ -79,6 +79,10 @@ def test_keyword_overrides_win() -> None:
     ("TBA_NAMESPACE", "a b", CommonSettings),
     ("TBA_SAMPLES_PER_PROMPT", "1", TrainerSettings),
     ("TBA_TASK_OPTIONS", "{bad", CommonSettings),
+    ("TBA_CHAT_TEMPLATE", "sometimes", SearcherSettings),
+    ("TBA_STOP", "[\"\"]", SearcherSettings),
+    ("TBA_STOP", "not json", SearcherSettings),
+    ("TBA_MAX_NEW_TOKENS", "99999999", SearcherSettings),
 ])
 def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, env: str, value: str, cls) -> None:
     monkeypatch.setenv(env, value)
@@ -94,6 +98,20 @@ def test_bad_flag_value_names_flag_and_value() -> None:
     assert "TBA_RECENCY_PROB / --recency-prob" in str(exc.value) and "1.5" in str(exc.value)
     with pytest.raises(SettingsError, match="--task-options: not valid JSON"):
         load_settings(TrainerSettings, parse(TrainerSettings, ["--task-options", "{x"]))
+
+
+def test_prompt_form_and_stop_strings(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = load_settings(SearcherSettings)
+    assert s.chat_template == "auto" and s.system_prompt is None and s.stop == []
+    monkeypatch.setenv("TBA_STOP", '["\\n\\n", "###"]')
+    monkeypatch.setenv("TBA_SYSTEM_PROMPT", "Answer briefly.")
+    s = load_settings(SearcherSettings)
+    assert s.stop == ["\n\n", "###"] and s.system_prompt == "Answer briefly."
+    args = parse(SearcherSettings, ["--stop", '["END"]', "--chat-template", "off"])
+    s = load_settings(SearcherSettings, args)
+    assert s.stop == ["END"] and s.chat_template == "off"
+    with pytest.raises(SettingsError, match="--stop: not valid JSON"):
+        load_settings(SearcherSettings, parse(SearcherSettings, ["--stop", "END"]))
 
 
 def test_every_field_has_a_flag_and_a_description() -> None:

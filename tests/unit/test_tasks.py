@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tba.tasks import Prompt, expr, make_task, task_names
+from tba.tasks.answers import last_number
 from tba.tasks.countdown import parse_prompt
-from tba.tasks.gsm8k import gold_number, last_number
+from tba.tasks.gsm8k import gold_number
 
 
 def take(task, seed: int, n: int) -> list[Prompt]:
@@ -246,3 +247,45 @@ def test_reward_model_options_checked_at_construction(tmp_path: Path) -> None:
         make_task("reward-model", {"path": str(prompts)})
     with pytest.raises(ValueError, match="not a Hugging Face model directory"):
         make_task("reward-model", {"model_dir": str(tmp_path), "path": str(prompts)})
+
+
+# --- chat form: prompts asked as user messages, answers read from chat replies ---
+
+def test_arithmetic_chat_form() -> None:
+    plain, chat = make_task("arithmetic"), make_task("arithmetic", chat=True)
+    p, c = plain.eval_prompts(20), chat.eval_prompts(20)
+    assert [x.prompt_id for x in p] == [x.prompt_id for x in c]  # same prompts, same held-out split
+    assert c[0].text == f"What is {c[0].prompt_id.rstrip('=')}? Answer with the number only."
+    assert c[0].answer == p[0].answer and take(chat, 0, 5)[0].prompt_id == take(plain, 0, 5)[0].prompt_id
+    q = Prompt("37+45=", "What is 37+45? Answer with the number only.", "82")
+    for reply, reward in [("82", 1.0), ("37 + 45 = 82", 1.0), ("The answer is 82.", 1.0), ("82.0", 1.0),
+                          ("It is 82, not 81", 0.0), ("37 + 45 = 83", 0.0), ("I cannot say", 0.0), ("820", 0.0)]:
+        assert chat.reward(q, reply) == reward, reply
+    assert plain.reward(q, "The answer is 82.") == 0.0  # the plain form stays exact
+
+
+def test_countdown_chat_form() -> None:
+    plain, chat = make_task("countdown"), make_task("countdown", chat=True)
+    c = chat.eval_prompts(5)
+    assert [x.prompt_id for x in c] == [x.prompt_id for x in plain.eval_prompts(5)]
+    target, given = parse_prompt(c[0].prompt_id)
+    assert c[0].text.startswith(f"Use some of the numbers {' '.join(map(str, given))}, each at most once")
+    assert f"to make {target}." in c[0].text
+    q = Prompt("24 from 2 3 4 6:", "Use some of the numbers 2 3 4 6 ... to make 24.", "24")
+    for reply, reward in [("4*6", 1.0), ("4*6 = 24", 1.0), ("We can write (6-3)*2*4.", 1.0),
+                          ("First 2+3, no. Answer: 3*(2+6)", 1.0), ("24", 0.0), ("4*7 = 28", 0.0),
+                          ("6*4*1", 0.0), ("", 0.0)]:
+        assert chat.reward(q, reply) == reward, reply
+    assert chat.answer_key(q, "so 6*4 = 24") == chat.answer_key(q, "4*6")
+    assert chat.reward(q, chat.sft_target(q)) == 1.0
+
+
+def test_gsm8k_chat_form_asks_the_question_itself(tmp_path: Path) -> None:
+    path = str(write_jsonl(tmp_path / "train.jsonl", gsm_rows(40, 600)))
+    plain, chat = make_task("gsm8k", {"path": path}), make_task("gsm8k", {"path": path}, chat=True)
+    p, c = next(plain.train_prompts(0)), next(chat.train_prompts(0))
+    assert p.prompt_id == c.prompt_id and p.text == f"Question: {c.text}\nAnswer:"
+    assert c.text.startswith("Tom has") and not c.text.endswith("Answer:")
+    assert [x.prompt_id for x in chat.eval_prompts(5)] == [x.prompt_id for x in plain.eval_prompts(5)]
+    gold = int(c.answer.split("####")[1].replace(",", ""))
+    assert chat.reward(c, f"Tom ends with {gold} apples.") == 1.0
