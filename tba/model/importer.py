@@ -180,7 +180,8 @@ def check_architecture(config: Any, source: Path) -> None:
 
     model_type = getattr(config, "model_type", None)
     archs = list(getattr(config, "architectures", None) or [])
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (archs and archs[0] not in causal):
         listed = ", ".join(archs) or "no architectures listed"
         raise ModelImportError(f"{source}: unsupported architecture {model_type!r} ({listed}): the trainer needs "
                                "a causal language model")
