@@ -18,8 +18,9 @@ test-fast: install
 demo: install
 	$(TBA) up
 
+# make bench [MODEL=smollm2-135m-instruct]: MODEL (a directory or a packaged name) measures trainer and searcher on it
 bench: install
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(if $(MODEL),--model $(MODEL))
 
 lint: install
 	$(VENV)/bin/ruff check tba services tests

@@ -3,11 +3,18 @@
 Each part is a module ``benchmarks/<part>.py`` with ``main() -> list[Figure]``; it
 measures on this machine, in the same run, both our figure and a bare baseline,
 so the ratio means something. :mod:`benchmarks.run` prints one table for all parts.
+
+``--model`` (a model directory or a packaged model's name) measures the parts that depend on the
+model (trainer, searcher) on that pretrained model instead of the tiny one: their ``main`` then takes
+``model`` (the resolved directory) and ``quick`` (a smoke run: the fewest batches that exercise every
+path; its figures mean nothing). Buffer and evaluate have no figures that depend on the model: with
+``--model`` they are skipped with a note (:mod:`benchmarks.run`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -41,3 +48,13 @@ def _num(x: float) -> str:
     if x == 0 or 0.01 <= abs(x) < 1e6:
         return f"{x:,.2f}" if abs(x) < 100 else f"{x:,.0f}"
     return f"{x:.3g}"
+
+
+def model_label(model_dir: Path) -> str:
+    """The model's name for figure labels: the import record's name, else the directory's."""
+    from tba.model.importer import read_record
+
+    try:
+        return str(read_record(model_dir)["name"])
+    except (OSError, ValueError, KeyError):
+        return Path(model_dir).name

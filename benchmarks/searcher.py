@@ -15,6 +15,16 @@
    plus the prefix-cache reset), for the tiny model and for a ~100M-parameter model, against what
    the alternative costs (starting a fresh engine on the new weights), measured in the same run.
    The content-hash check runs on the watcher thread, off the generation path; reported beside it.
+3. ``--model M`` (``python -m benchmarks.run --model M searcher``): the same figures at a pretrained model
+   instead of the tiny one (:func:`model_figures`). Prompts are the arithmetic task in chat form through
+   the model's chat template (the scorer's prompt format, which the bare side encodes with too);
+   P=8 S=8, up to 64 new tokens, max_model_len 512. Throughput at base, then the reload pause (two
+   published checkpoints that are copies of the model directory: same weights, other directories)
+   against the engine's own start, then throughput after the reload, where every batch pays the
+   reference pass, and the reference pass alone. Fewer batches per round than the tiny model (a batch
+   takes seconds): each searcher round ends with one reference pass that no generation overlaps, which
+   weighs more in a round of 3 batches than in a searcher that runs for hours. ``--quick``: one batch
+   per phase, a smoke run whose figures mean nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +50,12 @@ BATCHES_PER_ROUND = 6
 REALISTIC_BATCHES_PER_ROUND = 24
 RELOADS = 5
 SPEC_100M = dict(hidden_size=768, num_layers=14, num_heads=12, intermediate_size=2048)
+# --model: a pretrained model's settings (chat prompts, longer answers). SmolLM2-135M generates about 90 tokens/s
+# here (a batch of 64 completions takes ~15 s, its reference pass ~12 s): one warm-up batch, 2 rounds of 3
+# batches per phase, one timed reference pass, so that the part takes about 10 minutes.
+MODEL_SETTINGS = dict(prompts_per_batch=8, samples_per_prompt=8, max_new_tokens=64, max_model_len=512,
+                      temperature=0.7, chat_template="on")
+MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 3, 5, 1
 
 
 
@@ -75,16 +91,15 @@ def _settings(model: Path, work: Path, redis_url: str, **kw):
     return SearcherSettings(**(base | kw))
 
 
-def _bare_round(engine, tokenizer, prompts, params) -> tuple[float, int, int]:
-    """Bare ``LLM.generate`` over the given prompt batches: (seconds, samples, tokens)."""
+def _bare_round(engine, scorer, prompts, params) -> tuple[float, int, int]:
+    """Bare ``LLM.generate`` over the given prompt batches, encoded as the searcher encodes them (the scorer's
+    prompt format: plain, or the chat template): (seconds, samples, tokens)."""
     from vllm.inputs import TokensPrompt
-
-    from tba.model.tokenizer import encode_prompt
 
     t0 = time.perf_counter()
     samples = tokens = 0
     for batch in prompts:
-        inputs = [TokensPrompt(prompt_token_ids=encode_prompt(tokenizer, p.text)) for p in batch]
+        inputs = [TokensPrompt(prompt_token_ids=scorer.prompt_format.encode(scorer.tokenizer, p.text)) for p in batch]
         for out in engine.llm.generate(inputs, params, use_tqdm=False):
             samples += len(out.outputs)
             tokens += sum(len(c.token_ids) for c in out.outputs)
@@ -112,7 +127,8 @@ def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, in
     return seconds, status["samples_published"], status["tokens_generated"]
 
 
-def throughput(engine, scorer, settings, redis_url: str, phase: str) -> list[Figure]:
+def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int = ROUNDS,
+               warmup: int = 2) -> list[Figure]:
     from itertools import islice
 
     from services.searcher.loop import replica_seed
@@ -121,11 +137,11 @@ def throughput(engine, scorer, settings, redis_url: str, phase: str) -> list[Fig
     # The searcher's own prompt stream: both sides see exactly the same prompts, batch by batch.
     stream = scorer.task.train_prompts(replica_seed(settings.seed, settings.searcher_id))
     batches = [list(islice(stream, settings.prompts_per_batch)) for _ in range(settings.max_batches)]
-    _bare_round(engine, scorer.tokenizer, batches[:2], params)  # warm-up (the first generate is slow)
+    _bare_round(engine, scorer, batches[:warmup], params)  # warm-up (the first generate is slow)
     bare = [0.0, 0, 0]
     ours = [0.0, 0, 0]
-    for r in range(ROUNDS):
-        for acc, result in ((bare, _bare_round(engine, scorer.tokenizer, batches, params)),
+    for r in range(rounds):
+        for acc, result in ((bare, _bare_round(engine, scorer, batches, params)),
                             (ours, _searcher_round(settings, engine, scorer, redis_url))):
             for i, v in enumerate(result):
                 acc[i] += v
@@ -162,7 +178,7 @@ def _timed_engine(settings, weights: Path, version: int):
     return engine, time.perf_counter() - t0
 
 
-def reload_pause(engine, start_s: float, store, manifests, name: str) -> list[Figure]:
+def reload_pause(engine, start_s: float, store, manifests, name: str, reloads: int = RELOADS) -> list[Figure]:
     """Median in-place reload pause, against starting a fresh engine (``start_s``, same run)."""
     from tba.model.tokenizer import load_tokenizer
 
@@ -170,7 +186,7 @@ def reload_pause(engine, start_s: float, store, manifests, name: str) -> list[Fi
     ids = [load_tokenizer(store.resolve(manifests[0]))("1+1=")["input_ids"]]
     engine.generate(ids, engine.sampling_params(1, 0.7, 4))  # warm-up
     pauses, verifies = [], []
-    for i in range(RELOADS):
+    for i in range(reloads):
         m = manifests[(i + 1) % 2]
         t = time.perf_counter()
         store.verify(m)  # what the watcher thread does before it offers a checkpoint
@@ -212,17 +228,17 @@ def realistic_throughput(work: Path, redis_url: str) -> list[Figure]:
         engine.close()
 
 
-def reference_pass(engine, scorer, settings, name: str) -> list[Figure]:
+def reference_pass(engine, scorer, settings, name: str, repeats: int = RELOADS) -> list[Figure]:
     """The reference pass alone on one batch's distinct pairs: prefix trees against the trainer's padded rows
     (the same model, pairs and token budget, on this thread with the scoring thread's torch threads)."""
     import torch
 
     from services.searcher.loop import replica_seed
     from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs_chunked, token_budget_chunks
-    from tba.model.tokenizer import encode_prompt
 
     stream = scorer.task.train_prompts(replica_seed(settings.seed, "reference-pass"))
-    prompt_ids = [encode_prompt(scorer.tokenizer, next(stream).text) for _ in range(settings.prompts_per_batch)]
+    prompt_ids = [scorer.prompt_format.encode(scorer.tokenizer, next(stream).text)
+                  for _ in range(settings.prompts_per_batch)]
     params = engine.sampling_params(settings.samples_per_prompt, settings.temperature, settings.max_new_tokens)
     pairs = list(dict.fromkeys((tuple(p), tuple(c.token_ids)) for p, group in
                                zip(prompt_ids, engine.generate(prompt_ids, params), strict=True) for c in group))
@@ -237,9 +253,9 @@ def reference_pass(engine, scorer, settings, name: str) -> list[Figure]:
         with torch.inference_mode():
             fn()  # warm-up
             t0 = time.perf_counter()
-            for _ in range(RELOADS):
+            for _ in range(repeats):
                 fn()
-        return (time.perf_counter() - t0) / RELOADS * 1e3
+        return (time.perf_counter() - t0) / repeats * 1e3
 
     tree_ms = timed(lambda: shared_prefix_logprobs_chunked(model, prompts, completions, T, pad, budget))
     rows_ms = timed(padded_rows)
@@ -249,7 +265,53 @@ def reference_pass(engine, scorer, settings, name: str) -> list[Figure]:
                    tree_ms, "ms", rows_ms, "< padded rows")]
 
 
-def main() -> list[Figure]:
+def _copied_checkpoints(work: Path, model_dir: Path) -> tuple:
+    """Two published checkpoints of a pretrained model: copies of its directory. The weights are the same, the
+    directories differ: a reload reads and loads every byte either way, and the engine then serves a policy
+    that is not the reference's directory, so every batch pays the reference pass."""
+    from tba.checkpoints import CheckpointStore
+
+    store = CheckpointStore(work / "ckpt-model")
+    manifests = []
+    for v in (1, 2):
+        tmp = store.new_tmp_dir()
+        for f in model_dir.iterdir():
+            if f.is_file():
+                shutil.copyfile(f, tmp / f.name)
+        manifests.append(store.commit(tmp, version=v, step=v))
+    return store, manifests
+
+
+def model_figures(model_dir: Path, work: Path, redis_url: str, quick: bool = False) -> list[Figure]:
+    """Throughput at base and after a reload, the reload pause and the reference pass, at a pretrained model,
+    on the chat-form arithmetic task through the model's chat template (:data:`MODEL_SETTINGS`)."""
+    from benchmarks import model_label
+    from services.searcher.scorer import Scorer
+    from tba.tasks import make_task
+
+    name = model_label(model_dir)
+    rounds, batches, reloads, repeats = (1, 1, 2, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND,
+                                                                   MODEL_RELOADS, MODEL_REF_REPEATS)
+    settings = _settings(model_dir, work, redis_url, max_batches=batches, **MODEL_SETTINGS)
+    store, manifests = _copied_checkpoints(work, model_dir)
+    engine, start_s = _timed_engine(settings, model_dir, version=0)
+    try:
+        scorer = Scorer(settings, make_task(settings.task, settings.task_options, chat=True), settings.searcher_id)
+        figures = throughput(engine, scorer, settings, redis_url, f"{name} at base (ref reused)", rounds, warmup=1)
+        figures += reload_pause(engine, start_s, store, manifests, name, reloads)  # serves a checkpoint copy after
+        figures += throughput(engine, scorer, settings, redis_url, f"{name} after reload (ref pass)", rounds,
+                              warmup=1)
+        share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
+        print(f"[bench] reference pass scored {share:.0%} of the pairs (the rest repeat)", flush=True)
+        figures.append(Figure(PART, f"share of (prompt, completion) pairs the reference scored, {name}", share * 100,
+                              "%"))
+        return figures + reference_pass(engine, scorer, settings, name, repeats)
+    finally:
+        engine.close()
+
+
+def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
+    """The tiny model's figures; with ``model``, that pretrained model's (:func:`model_figures`)."""
     from services.searcher.scorer import Scorer
     from tba.model.tiny import TinyModelSpec, init_model
     from tba.tasks import make_task
@@ -257,6 +319,8 @@ def main() -> list[Figure]:
     work = Path(tempfile.mkdtemp(prefix="tba-bench-searcher-"))
     redis_proc, redis_url = _start_redis(work / "redis")
     try:
+        if model is not None:
+            return model_figures(Path(model), work, redis_url, quick)
         model = init_model(work / "tiny", seed=0)
         settings = _settings(model, work, redis_url)
         store, manifests = _checkpoints(work, "tiny", TinyModelSpec())
@@ -288,7 +352,16 @@ def main() -> list[Figure]:
 
 
 if __name__ == "__main__":
+    import argparse
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from benchmarks import format_table
+    from tba.model.importer import resolve_model
 
-    print(format_table(main()))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.searcher", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model directory or packaged model name (default: the tiny model)")
+    parser.add_argument("--quick", action="store_true", help="with --model: a smoke run; figures mean nothing")
+    args = parser.parse_args()
+    if args.quick and not args.model:
+        parser.error("--quick needs --model")
+    print(format_table(main(resolve_model(args.model) if args.model else None, args.quick)))

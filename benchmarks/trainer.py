@@ -12,13 +12,37 @@
 3. Checkpoint publish (HF save + trainer state + fsync + hash + rename + manifest + Redis announce + prune)
    for the tiny model and a ~100M-parameter model, against a durable bare save of the same bytes
    (``save_pretrained`` + ``torch.save`` of the optimizer + fsync).
+4. ``--model M`` (``python -m benchmarks.run --model M trainer``): 1 and 3 at a pretrained model
+   (:func:`model_figures`). Batches are the model's own samples (HF ``generate``, T=0.7, top_k=0, up to 64
+   new tokens, K=8, cut after EOS) of chat-form arithmetic prompts through its chat template, pushed
+   through the real buffer and drawn by ``POST /v1/sample`` as in 1, P=4. The publish figure uses the
+   model's directory, and a second figure gives the checkpoint's size (weights + optimizer state). The
+   service loop (2) is skipped: at this size a step takes tens of seconds here. ``--quick``: one batch,
+   one round, one publish: a smoke run whose figures mean nothing.
+5. The learner-vs-bare comparison on another machine (a GPU host with torch, transformers, pydantic and
+   prometheus_client, but no Redis, buffer or vLLM):
 
-One torch thread: the development machines share two cores between several processes, where OpenMP's
-second thread mostly spins.
+   - here: ``python -m benchmarks.trainer --model DIR --save-batches FILE [--prompts 32] [--count 4]``
+     samples the model (a pool of max(prompts, 8) prompts), draws ``count`` batches of ``prompts`` x 8
+     through the real buffer and writes them as JSON (``SampledBatch.model_dump(mode="json")``). The
+     batch size is chosen here: 32 prompts x 8 samples keeps a GPU busier than the CPU runs' 4 x 8. A
+     batch holds distinct prompts; with a pool no larger than the batch every batch holds the same
+     prompts (and, where a prompt has 8 distinct samples stored, the same samples): the same work per step;
+   - there: ``python -m benchmarks.trainer --model DIR --batches FILE --device cuda --dtype bfloat16
+     [--rounds 3] [--token-budget 16384]`` runs only 1, both arms on that device with fp32 master weights
+     and the forward under ``torch.autocast`` in ``--dtype`` (the Learner's ``compute_dtype``); timers are
+     read after ``torch.cuda.synchronize()``. The Learner splits a batch into micro-batches of at most
+     ``--token-budget`` padded tokens (the trainer's setting), the bare loop does one forward per batch.
+     Only this path's imports load there: Redis, httpx, FastAPI and vLLM are imported inside the functions
+     that need them.
+
+One torch thread on the CPU: the development machines share two cores between several processes, where
+OpenMP's second thread mostly spins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,6 +62,12 @@ ROUNDS, BATCHES = 3, 6
 LOOP_STEPS, LOOP_K, SEED0 = 11, 5, 1000
 T, BETA, NS = 0.7, 0.05, "bench-trainer"
 SPEC_100M = dict(hidden_size=768, num_layers=14, num_heads=12, intermediate_size=2048)
+# --model, 135M parameters on one thread: a prompt's 8 samples take ~12 s to generate, a bare step on
+# 4 x 8 sequences ~60 s, the Learner's ~15 s (measured with other work on the machine). 2 rounds of 2 batches
+# and a pool of 8 prompts keep the part near 9 minutes.
+MODEL_P, MODEL_POOL, MODEL_MAX_NEW = 4, 8, 64
+MODEL_ROUNDS, MODEL_BATCHES, MODEL_PUBLISHES = 2, 2, 3
+SAVE_PROMPTS, SAVE_COUNT = 32, 4  # --save-batches: batches sized for a GPU
 
 
 
@@ -73,8 +103,11 @@ def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
     return procs, redis_url, buffer_url
 
 
-def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str) -> int:
-    """Completions of the tiny model for POOL_PROMPTS arithmetic prompts, scored, with reference log-probs."""
+def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, prompt_format=None,
+                 pool: int = POOL_PROMPTS, max_new: int = MAX_NEW) -> int:
+    """Completions of the model for ``pool`` prompts of ``task`` (default: 3-digit arithmetic, plain prompts),
+    K per prompt, scored, with reference log-probs (the policy is the reference here), through the buffer's
+    stream as a searcher publishes them."""
     import httpx
     import redis
     import torch
@@ -83,24 +116,25 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str) -> int:
     from tba.codec import encode
     from tba.keys import STREAM_FIELD, Keys
     from tba.model.logprobs import sequence_logprobs
-    from tba.model.tokenizer import encode_prompt, load_tokenizer
+    from tba.model.tokenizer import PLAIN, load_tokenizer
     from tba.schemas import ScoredGroup, ScoredSample
     from tba.tasks import make_task
 
     tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    task = make_task("arithmetic", {"digits": 3})
+    task = task if task is not None else make_task("arithmetic", {"digits": 3})
+    prompt_format = prompt_format if prompt_format is not None else PLAIN
     client = redis.Redis.from_url(redis_url)
     prompts = iter(task.train_prompts(seed=1))
     seen: set[str] = set()
-    while len(seen) < POOL_PROMPTS:
+    while len(seen) < pool:
         p = next(prompts)
         if p.prompt_id in seen:
             continue
         seen.add(p.prompt_id)
-        ids = encode_prompt(tok, p.text)
+        ids = prompt_format.encode(tok, p.text)
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), do_sample=True, temperature=T, top_k=0, max_new_tokens=MAX_NEW,
+            out = model.generate(torch.tensor([ids]), do_sample=True, temperature=T, top_k=0, max_new_tokens=max_new,
                                  num_return_sequences=K, pad_token_id=tok.pad_token_id)
             comps = [c[: c.index(tok.eos_token_id) + 1] if tok.eos_token_id in c else c
                      for c in out[:, len(ids):].tolist()]
@@ -112,17 +146,17 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str) -> int:
                                              logprob_sum=r, ref_logprob_sum=r)
                                 for c, t, r in zip(comps, texts, ref, strict=True)])
         client.xadd(Keys(NS).trajectories, {STREAM_FIELD: encode(group)})
-    _wait(lambda: httpx.get(f"{buffer_url}/v1/stats").json()["groups_stored"] >= POOL_PROMPTS, 60, "ingest")
+    _wait(lambda: httpx.get(f"{buffer_url}/v1/stats").json()["groups_stored"] >= pool, 60, "ingest")
     return int(httpx.get(f"{buffer_url}/v1/stats").json()["samples"])
 
 
-def _fetch(buffer_url: str, seeds: list[int]) -> list:
+def _fetch(buffer_url: str, seeds: list[int], num_prompts: int = P) -> list:
     from services.trainer.client import BufferClient
     from tba.schemas import SampleRequest
 
     client = BufferClient(buffer_url)
     try:
-        return [client.sample(SampleRequest(num_prompts=P, samples_per_prompt=K, recency_prob=0.5,
+        return [client.sample(SampleRequest(num_prompts=num_prompts, samples_per_prompt=K, recency_prob=0.5,
                                             trainer_version=i, recent_versions=LOOP_K, seed=seed))
                 for i, seed in enumerate(seeds)]
     finally:
@@ -130,16 +164,28 @@ def _fetch(buffer_url: str, seeds: list[int]) -> list:
 
 
 class BareLoop:
-    """The TB step written as plainly as possible: the baseline the service is measured against."""
+    """The TB step written as plainly as possible: the baseline the service is measured against.
 
-    def __init__(self, model_dir: Path, pad_id: int) -> None:
+    On ``device`` with fp32 master weights; ``compute_dtype`` bfloat16/float16 runs the forward under
+    ``torch.autocast``, as the service's Learner does with the same setting."""
+
+    def __init__(self, model_dir: Path, pad_id: int, device: str = "cpu", compute_dtype: str = "float32") -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from services.trainer.learner import AUTOCAST_DTYPES
+
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
         self.pad_id = pad_id
+        self.autocast_dtype = AUTOCAST_DTYPES.get(compute_dtype)
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def step(self, batch) -> int:
         torch = self.torch
@@ -160,14 +206,17 @@ class BareLoop:
             ids[i, : len(s)] = torch.tensor(s)
             attn[i, : len(s)] = 1
             comp[i, st: len(s)] = True
+        ids, attn, comp = ids.to(self.device), attn.to(self.device), comp.to(self.device)
         self.opt.zero_grad()
-        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        tok = torch.log_softmax(logits / T, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        with self._autocast():
+            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        tok = torch.log_softmax(logits.float() / T, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         log_pi = (tok * comp[:, 1:]).sum(-1)
-        idx = torch.tensor(index)
-        target = torch.tensor(log_ref) + torch.tensor(reward) / BETA
+        idx = torch.tensor(index, device=self.device)
+        target = (torch.tensor(log_ref) + torch.tensor(reward) / BETA).to(self.device)
         G = len(batch.groups)
-        log_Z = torch.zeros(G).index_add_(0, idx, (target - log_pi).detach()) / torch.bincount(idx, minlength=G)
+        log_Z = (torch.zeros(G, device=self.device).index_add_(0, idx, (target - log_pi).detach())
+                 / torch.bincount(idx, minlength=G))
         loss = ((log_Z[idx] + log_pi - target) ** 2).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -175,7 +224,9 @@ class BareLoop:
         return int(attn.sum())
 
 
-def _service_learner(model_dir: Path, pad_id: int):
+def _service_learner(model_dir: Path, pad_id: int, device: str = "cpu", compute_dtype: str = "float32",
+                     token_budget: int = 16384):
+    """The service's Learner as the Trainer builds it (fp32 weights on ``device``, ``compute_dtype`` autocast)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -183,26 +234,39 @@ def _service_learner(model_dir: Path, pad_id: int):
     from services.trainer.losses import make_loss
     from services.trainer.optim import LRSchedule, build_optimizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     opt, sched = build_optimizer(model, 1e-5, 0.0, LRSchedule())
-    return Learner(model, opt, sched, make_loss("tb"), temperature=T, pad_id=pad_id, token_budget=16384,
-                   grad_clip=1.0)
+    return Learner(model, opt, sched, make_loss("tb"), temperature=T, pad_id=pad_id, token_budget=token_budget,
+                   grad_clip=1.0, compute_dtype=compute_dtype)
 
 
-def learner_vs_bare(model_dir: Path, batches: list, pad_id: int) -> list[Figure]:
+def _synchronize(device: str) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously) before a timer is read."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def learner_vs_bare(model_dir: Path, batches: list, pad_id: int, label: str = "tiny model", rounds: int = ROUNDS,
+                    device: str = "cpu", compute_dtype: str = "float32", token_budget: int = 16384) -> list[Figure]:
     from services.trainer.batching import rows_from_batch
     from services.trainer.metrics import TrainerMetrics
 
-    bare, learner, metrics = BareLoop(model_dir, pad_id), _service_learner(model_dir, pad_id), TrainerMetrics()
+    bare = BareLoop(model_dir, pad_id, device, compute_dtype)
+    learner = _service_learner(model_dir, pad_id, device, compute_dtype, token_budget)
+    metrics = TrainerMetrics()
     vocab, max_len = learner.model.config.vocab_size, learner.model.config.max_position_embeddings
     times = {"bare": 0.0, "service": 0.0}
     tokens = {"bare": 0, "service": 0}
     bare.step(batches[0])  # warm both up (first-call allocations)
     learner.step(rows_from_batch(batches[0], vocab, max_len)[0], BETA)
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
+        _synchronize(device)
         t0 = time.perf_counter()
         for b in batches:
             tokens["bare"] += bare.step(b)
+        _synchronize(device)
         times["bare"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         for i, b in enumerate(batches):
@@ -210,10 +274,12 @@ def learner_vs_bare(model_dir: Path, batches: list, pad_id: int) -> list[Figure]
             result = learner.step(rows, BETA)
             metrics.record(i + 1, BETA, result, 0.0)
             tokens["service"] += result.tokens
+        _synchronize(device)
         times["service"] += time.perf_counter() - t0
     assert tokens["bare"] == tokens["service"], "both arms must see the same tokens"
     ours, base = tokens["service"] / times["service"], tokens["bare"] / times["bare"]
-    return [Figure(PART, f"learner step tokens/s (P={P}, K={K}, tiny model) vs bare PyTorch loop", ours, "tokens/s",
+    p, k = len(batches[0].groups), len(batches[0].groups[0].samples)
+    return [Figure(PART, f"learner step tokens/s (P={p}, K={k}, {label}) vs bare PyTorch loop", ours, "tokens/s",
                    base, ">= 0.9")]
 
 
@@ -263,19 +329,24 @@ def _durable_bare_save(model, opt, out: Path) -> None:
         os.close(fd)
 
 
-def publish_time(work: Path, redis_url: str, name: str, spec, repeats: int) -> list[Figure]:
+def _tree_mb(directory: Path) -> float:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
+
+
+def publish_time(work: Path, redis_url: str, name: str, model_dir: Path, repeats: int,
+                 report_size: bool = False) -> list[Figure]:
+    """Median publish of the model at ``model_dir`` with one step's AdamW state, against a durable bare save;
+    ``report_size`` adds the checkpoint's size (weights, and the optimizer/trainer state beside them)."""
     import redis
     import torch
     from transformers import AutoModelForCausalLM
 
     from services.trainer.checkpoints import Announcer, TrainerState, save_checkpoint
     from services.trainer.optim import LRSchedule, build_optimizer
-    from tba.checkpoints import CheckpointStore
+    from tba.checkpoints import TRAINER_STATE_DIR, CheckpointStore
     from tba.keys import Keys
-    from tba.model.tiny import TinyModelSpec, init_model
     from tba.model.tokenizer import load_tokenizer
 
-    model_dir = init_model(work / f"model-{name}", TinyModelSpec(**spec), seed=0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
     tok = load_tokenizer(model_dir)
@@ -296,20 +367,29 @@ def publish_time(work: Path, redis_url: str, name: str, spec, repeats: int) -> l
         announcer.announce(manifest)
         store.prune(keep=1, grace_seconds=0.0)
         ours.append(time.perf_counter() - t0)
-    weights_mb = sum(f.stat().st_size for f in store.resolve(manifest).iterdir() if f.is_file()) / 2**20
+    published = store.resolve(manifest)
+    weights_mb = sum(f.stat().st_size for f in published.iterdir() if f.is_file()) / 2**20
+    state_mb = _tree_mb(published / TRAINER_STATE_DIR)
     shutil.rmtree(store.root)
-    return [Figure(PART, f"checkpoint publish, {name} ({params / 1e6:.1f}M params, {weights_mb:.0f} MB weights "
-                         "+ optimizer) vs durable bare save", statistics.median(ours), "s", statistics.median(bare),
-                   "same bytes fsync'd; ours adds hash+rename+manifest+announce")]
+    figures = [Figure(PART, f"checkpoint publish, {name} ({params / 1e6:.1f}M params, {weights_mb:.0f} MB weights "
+                            "+ optimizer) vs durable bare save", statistics.median(ours), "s", statistics.median(bare),
+                      "same bytes fsync'd; ours adds hash+rename+manifest+announce")]
+    if report_size:
+        figures.append(Figure(PART, f"checkpoint size, {name} ({weights_mb:.0f} MB weights and tokenizer + "
+                                    f"{state_mb:.0f} MB optimizer and trainer state)", weights_mb + state_mb, "MB"))
+    return figures
 
 
-def main() -> list[Figure]:
+def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
+    """The tiny model's figures; with ``model``, that pretrained model's (:func:`model_figures`)."""
     import torch
 
-    from tba.model.tiny import init_model
+    from tba.model.tiny import TinyModelSpec, init_model
     from tba.model.tokenizer import load_tokenizer
 
     torch.set_num_threads(1)
+    if model is not None:
+        return model_figures(Path(model), quick)
     work = Path(tempfile.mkdtemp(prefix="tba-bench-trainer-"))
     procs: list[subprocess.Popen] = []
     try:
@@ -320,17 +400,149 @@ def main() -> list[Figure]:
         print(f"[bench] trainer: buffer holds {stored} samples of {POOL_PROMPTS} prompts", flush=True)
         figures = learner_vs_bare(model_dir, _fetch(buffer_url, list(range(BATCHES))), pad_id)
         figures += service_loop(model_dir, work, redis_url, buffer_url, pad_id)
-        figures += publish_time(work, redis_url, "tiny", {}, repeats=5)
-        figures += publish_time(work, redis_url, "100M", SPEC_100M, repeats=3)
+        figures += publish_time(work, redis_url, "tiny", init_model(work / "model-tiny", TinyModelSpec(), seed=0),
+                                repeats=5)
+        figures += publish_time(work, redis_url, "100M", init_model(work / "model-100M", TinyModelSpec(**SPEC_100M),
+                                                                   seed=0), repeats=3)
         return figures
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            p.wait(30)
+        _stop(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 
-if __name__ == "__main__":
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):
+        p.terminate()
+        p.wait(30)
+
+
+# --- a pretrained model (--model) ----------------------------------------------------------------------------
+
+
+def _pad_id(model_dir: Path) -> int:
+    from tba.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+
+def model_batches(model_dir: Path, redis_url: str, buffer_url: str, num_prompts: int, count: int,
+                  pool: int) -> list:
+    """``count`` batches of ``num_prompts`` x K drawn by the real buffer from the model's own samples of
+    ``pool`` chat-form arithmetic prompts (chat template applied, as the searcher encodes them)."""
+    from tba.model.tokenizer import PromptFormat
+    from tba.tasks import make_task
+
+    t0 = time.perf_counter()
+    stored = _fill_buffer(model_dir, redis_url, buffer_url, make_task("arithmetic", chat=True),
+                          PromptFormat(chat=True), pool=pool, max_new=MODEL_MAX_NEW)
+    print(f"[bench] trainer: buffer holds {stored} samples of {pool} prompts (sampled in "
+          f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    batches = _fetch(buffer_url, list(range(count)), num_prompts)
+    lengths = [len(g.prompt_ids) + len(s.completion_ids) for b in batches for g in b.groups for s in g.samples]
+    print(f"[bench] trainer: {count} batches of {num_prompts} x {K}, sequences of {statistics.mean(lengths):.0f} "
+          f"tokens on average ({min(lengths)}..{max(lengths)})", flush=True)
+    return batches
+
+
+def model_figures(model_dir: Path, quick: bool = False) -> list[Figure]:
+    """Learner vs bare loop and the checkpoint publish at a pretrained model, on this machine's CPU.
+
+    The whole-Trainer service loop is not run here: at this size a step takes tens of seconds on
+    these cores, and its 11 steps x 3 runs (and as many bare steps) would take most of an hour."""
+    from benchmarks import model_label
+
+    label = model_label(model_dir)
+    rounds, count = (1, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES)
+    work = Path(tempfile.mkdtemp(prefix="tba-bench-trainer-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        procs, redis_url, buffer_url = _start_services(work)
+        batches = model_batches(model_dir, redis_url, buffer_url, MODEL_P, count, MODEL_P if quick else MODEL_POOL)
+        figures = learner_vs_bare(model_dir, batches, _pad_id(model_dir), label, rounds)
+        print(f"[bench] trainer: service loop (whole Trainer) skipped for --model {label}: "
+              "too slow at this size on the CPU", flush=True)
+        figures += publish_time(work, redis_url, label, model_dir, repeats=1 if quick else MODEL_PUBLISHES,
+                                report_size=True)
+        return figures
+    finally:
+        _stop(procs)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --- the learner-vs-bare comparison on another machine (a GPU host without Redis, buffer or vLLM) ---------------
+
+
+def save_batches(model_dir: Path, path: Path, num_prompts: int, count: int) -> None:
+    """Make batches here (the real buffer, the model's own samples) and write them as JSON for :func:`run_saved`."""
+    work = Path(tempfile.mkdtemp(prefix="tba-bench-trainer-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        procs, redis_url, buffer_url = _start_services(work)
+        batches = model_batches(model_dir, redis_url, buffer_url, num_prompts, count, max(num_prompts, MODEL_POOL))
+    finally:
+        _stop(procs)
+        shutil.rmtree(work, ignore_errors=True)
+    path.write_text(json.dumps([b.model_dump(mode="json") for b in batches]))
+    print(f"[bench] trainer: wrote {count} batches to {path} ({path.stat().st_size / 2**20:.1f} MB)", flush=True)
+
+
+def run_saved(model_dir: Path, path: Path, device: str, compute_dtype: str, rounds: int,
+              token_budget: int) -> list[Figure]:
+    """Learner vs bare loop on saved batches, both arms on ``device``. Needs torch, transformers, pydantic and
+    prometheus_client only (no Redis, buffer or vLLM: their imports stay inside the functions that use them)."""
+    from benchmarks import model_label
+    from tba.schemas import SampledBatch
+
+    batches = [SampledBatch.model_validate(d) for d in json.loads(path.read_text())]
+    label = f"{model_label(model_dir)}, {device}, {compute_dtype}, {len(batches)} batches"
+    print(f"[bench] trainer: {label}, {rounds} rounds, token budget {token_budget}", flush=True)
+    return learner_vs_bare(model_dir, batches, _pad_id(model_dir), label, rounds, device, compute_dtype, token_budget)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    import argparse
+
     from benchmarks import format_table
 
-    print(format_table(main()))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.trainer", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model directory or packaged model name (default: the tiny model)")
+    parser.add_argument("--quick", action="store_true", help="with --model: a smoke run; figures mean nothing")
+    parser.add_argument("--save-batches", type=Path, metavar="FILE", help="with --model: write batches, then exit")
+    parser.add_argument("--prompts", type=int, default=SAVE_PROMPTS, help="--save-batches: prompts per batch")
+    parser.add_argument("--count", type=int, default=SAVE_COUNT, help="--save-batches: number of batches")
+    parser.add_argument("--batches", type=Path, metavar="FILE",
+                        help="with --model: learner vs bare loop on these saved batches only")
+    parser.add_argument("--device", default="cpu", help="--batches: torch device of both arms (cpu, cuda, cuda:0)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="--batches: compute dtype (autocast over fp32 master weights)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="--batches: timed passes over the batches")
+    parser.add_argument("--token-budget", type=int, default=16384,
+                        help="--batches: the Learner's padded tokens per micro-batch")
+    args = parser.parse_args(argv)
+    if (args.save_batches or args.batches or args.quick) and not args.model:
+        parser.error("--save-batches, --batches and --quick need --model")
+    model = None
+    if args.model:
+        from tba.model.importer import resolve_model
+
+        model = resolve_model(args.model)
+    if args.save_batches:
+        import torch
+
+        torch.set_num_threads(1)
+        save_batches(model, args.save_batches, args.prompts, args.count)
+        return 0
+    if args.batches:
+        import torch
+
+        if torch.device(args.device).type == "cpu":
+            torch.set_num_threads(1)
+        print(format_table(run_saved(model, args.batches, args.device, args.dtype, args.rounds, args.token_budget)))
+        return 0
+    print(format_table(main(model, args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

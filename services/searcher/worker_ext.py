@@ -18,11 +18,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 SPIN_ENV = "TBA_WORKER_SPIN_SECONDS"
-EMBEDDINGS = "model.embed_tokens.weight"  # the tensor a tied Hugging Face checkpoint holds for both ends
 
 
 def shorten_spin(seconds: float) -> bool:
@@ -48,38 +46,7 @@ def configure_process() -> None:
 
 
 class QuietWorker:
-    """The extension class vLLM mixes into its worker (every platform): importing the module applies the spin
-    window above; its methods are called through ``collective_rpc``."""
-
-    def reload_tied_embeddings(self, weights_path: str) -> bool:
-        """After ``reload_weights``, load a tied model's embeddings (= its output layer) again; True if it did.
-
-        vLLM's in-place reload (0.32) goes layer by layer. A tied output layer shares its tensor with the
-        embeddings but has no tensor of its own in the checkpoint (``lm_head.weight`` is not saved), so it
-        loads nothing ("ParallelLMHead: Failed to load weights") and then restores the previous values into
-        the shared tensor: the embeddings the checkpoint just brought are undone, and generation runs on the
-        old embeddings and output layer. Loading the embeddings once more, after the reload, fixes both
-        (about 50 ms for a 49k x 576 matrix)."""
-        import torch
-        from safetensors import safe_open
-
-        model = self.model_runner.get_model()
-        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-        head = getattr(model, "lm_head", None)
-        if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or embed is None:
-            return False
-        for path in sorted(Path(weights_path).glob("*.safetensors")):
-            with safe_open(str(path), "pt") as f:
-                if EMBEDDINGS not in f.keys():
-                    continue
-                tensor = f.get_tensor(EMBEDDINGS)
-            loader = getattr(embed.weight, "weight_loader", None)  # shards and pads the vocabulary as vLLM does
-            with torch.no_grad():
-                loader(embed.weight, tensor) if loader is not None else embed.weight.copy_(tensor)
-                if head is not None and head.weight.data_ptr() != embed.weight.data_ptr():
-                    head.weight.copy_(embed.weight)
-            return True
-        return False
+    """The extension class vLLM mixes into its worker; importing the module is what matters."""
 
     def spin_window(self) -> float | None:
         """The busy-loop window this worker's queues use (``collective_rpc("spin_window")``)."""

@@ -95,7 +95,7 @@ def test_long_completions_end_at_eos_and_score_as_the_trainer_computes(parts, sm
     torch.testing.assert_close(ref, expected, atol=2e-3, rtol=1e-4)
     # vLLM's behaviour log-probs at the base weights: the same policy, computed by other kernels.
     behaviour = torch.tensor([s.logprob_sum for s in samples])
-    torch.testing.assert_close(behaviour, expected, atol=5e-3, rtol=1e-4)
+    torch.testing.assert_close(behaviour, expected, atol=2e-3, rtol=1e-4)
     # Chat answers are read by the last-number rule.
     for g in groups[:2]:
         for s in g.samples:
@@ -164,6 +164,7 @@ def test_a_trained_checkpoint_reloads_in_place_with_tied_weights(parts, smollm2:
         on_new = sequence_logprobs(new, prompt_ids, completion_ids, T, scorer.pad_id)
         on_base = sequence_logprobs(hf_model(smollm2), prompt_ids, completion_ids, T, scorer.pad_id)
     behaviour = torch.tensor([c.logprob_sum for group in sampled for c in group])
-    # The new weights, embeddings included (vLLM's reload left a tied model's old ones: off by tenths of a nat).
-    torch.testing.assert_close(behaviour, on_new, atol=0.05, rtol=1e-3)
+    # Looser than at the base weights (1e-4 there): after vLLM's in-place reload this model's log-probs are off
+    # by a few hundredths after one step, growing with training (docs/results/real-model.md).
+    torch.testing.assert_close(behaviour, on_new, atol=0.05, rtol=2e-3)
     assert (on_new - on_base).abs().max() > 0.2, "one step at lr 1e-3 should move the log-probs"
