@@ -220,12 +220,17 @@ def realistic_throughput(work: Path, redis_url: str) -> list[Figure]:
     try:
         engine.reload(policy, 1)
         figures = throughput(engine, scorer, settings, redis_url, "arithmetic SFT base after reload")
-        share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
-        print(f"[bench] reference pass scored {share:.0%} of the pairs (the rest repeat)", flush=True)
-        figures.append(Figure(PART, "share of (prompt, completion) pairs the reference scored", share * 100, "%"))
+        figures.append(reference_share(scorer, "arithmetic SFT base"))
         return figures + reference_pass(engine, scorer, settings, "SFT base")
     finally:
         engine.close()
+
+
+def reference_share(scorer, name: str) -> Figure:
+    """How many of the (prompt, completion) pairs asked for the reference pass scored (the rest repeat)."""
+    share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
+    print(f"[bench] reference pass scored {share:.0%} of the pairs (the rest repeat)", flush=True)
+    return Figure(PART, f"share of (prompt, completion) pairs the reference scored, {name}", share * 100, "%")
 
 
 def reference_pass(engine, scorer, settings, name: str, repeats: int = RELOADS) -> list[Figure]:
@@ -301,10 +306,7 @@ def model_figures(model_dir: Path, work: Path, redis_url: str, quick: bool = Fal
         figures += reload_pause(engine, start_s, store, manifests, name, reloads)  # serves a checkpoint copy after
         figures += throughput(engine, scorer, settings, redis_url, f"{name} after reload (ref pass)", rounds,
                               warmup=1)
-        share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
-        print(f"[bench] reference pass scored {share:.0%} of the pairs (the rest repeat)", flush=True)
-        figures.append(Figure(PART, f"share of (prompt, completion) pairs the reference scored, {name}", share * 100,
-                              "%"))
+        figures.append(reference_share(scorer, name))
         return figures + reference_pass(engine, scorer, settings, name, repeats)
     finally:
         engine.close()

@@ -42,7 +42,6 @@ OpenMP's second thread mostly spins.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -173,21 +172,16 @@ class BareLoop:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from services.trainer.learner import AUTOCAST_DTYPES
-
         self.torch = torch
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
         self.pad_id = pad_id
-        self.autocast_dtype = AUTOCAST_DTYPES.get(compute_dtype)
-
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return self.torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+        self.compute_dtype = compute_dtype
 
     def step(self, batch) -> int:
+        from services.trainer.learner import autocast
+
         torch = self.torch
         seqs, starts, index = [], [], []
         log_ref, reward = [], []
@@ -208,7 +202,7 @@ class BareLoop:
             comp[i, st: len(s)] = True
         ids, attn, comp = ids.to(self.device), attn.to(self.device), comp.to(self.device)
         self.opt.zero_grad()
-        with self._autocast():
+        with autocast(self.device, self.compute_dtype):
             logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         tok = torch.log_softmax(logits.float() / T, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         log_pi = (tok * comp[:, 1:]).sum(-1)

@@ -20,11 +20,11 @@ class StartupError(RuntimeError):
     """A setting the searcher cannot start with; the message names it."""
 
 
-def check_task(settings: SearcherSettings, chat: bool = False) -> Task:
+def check_task(settings: SearcherSettings) -> Task:
     if settings.task not in task_names():
         raise StartupError(f"TBA_TASK / --task: unknown task {settings.task!r}; known tasks: {', '.join(task_names())}")
     try:
-        return make_task(settings.task, settings.task_options, chat=chat)
+        return make_task(settings.task, settings.task_options)
     except (ValueError, TypeError) as err:
         raise StartupError(
             f"TBA_TASK_OPTIONS / --task-options: bad options for task {settings.task!r}: {err}"
@@ -84,7 +84,7 @@ def check_chat(settings: SearcherSettings, tokenizer) -> bool:
 
 def check_all(settings: SearcherSettings) -> Task:
     """Every check, cheapest first; returns the task, in chat form where the model speaks it."""
-    check_task(settings)
+    task = check_task(settings)
     check_lengths(settings)
-    tokenizer = check_model_dir(Path(settings.model))
-    return check_task(settings, chat=check_chat(settings, tokenizer))
+    task.chat = check_chat(settings, check_model_dir(Path(settings.model)))  # as make_task(..., chat=) sets it
+    return task

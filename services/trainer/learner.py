@@ -24,6 +24,12 @@ from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs, takes_
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def autocast(device: torch.device, compute_dtype: str):
+    """The forward's precision: fp32 master weights, computed under autocast in bf16/fp16 (else as they are)."""
+    dtype = AUTOCAST_DTYPES.get(compute_dtype)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+
+
 @dataclass
 class StepResult:
     """What one optimizer step did: summed metrics, throughput figures and the batch's staleness."""
@@ -54,14 +60,9 @@ class Learner:
         self.token_budget = token_budget
         self.grad_clip = grad_clip
         self.device = next(model.parameters()).device
-        self.autocast_dtype = AUTOCAST_DTYPES.get(compute_dtype)
+        self.compute_dtype = compute_dtype
         # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.
         self.logprobs = shared_prefix_logprobs if prefix_sharing and takes_tree_mask(model) else sequence_logprobs
-
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def accumulate(self, rows: list[Row], beta: float) -> tuple[dict[str, float], int, int]:
         """Forward and backward every micro-batch; gradients add up to those of the whole batch."""
@@ -70,7 +71,7 @@ class Learner:
         micro = plan_micro_batches(rows, self.token_budget)
         tokens = 0
         for mb in micro:
-            with self._autocast():
+            with autocast(self.device, self.compute_dtype):
                 log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id)
             x = LossInput(log_pi=log_pi.float(), log_ref=mb.log_ref.to(self.device),
                           reward=mb.reward.to(self.device), prompt_index=mb.prompt_index.to(self.device))

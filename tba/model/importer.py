@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tba.model.sft import default_cache_root
+
 IMPORT_RECORD = "tba-import.json"  # written last: its presence marks a complete import
 CODE_VERSION = 1  # part of the cache key: bump when the written directory would change
 GGUF_MAGIC = b"GGUF"
@@ -79,12 +81,6 @@ Log = Callable[[str], None]
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def default_cache_root() -> Path:
-    from tba.model.sft import default_cache_root as root
-
-    return root()
 
 
 def file_sha256(path: Path) -> str:
