@@ -108,11 +108,12 @@ def engine_options(settings: SearcherSettings, on_cpu: bool) -> tuple[dict[str, 
         tensor_parallel_size=settings.tensor_parallel_size,
         enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
     )
+    # Our worker methods (a tied output layer after a reload); on the CPU, importing them also makes idle
+    # workers sleep instead of spinning on cores the trainer and the other engines need.
+    options["worker_extension_cls"] = "services.searcher.worker_ext.QuietWorker"
     env: dict[str, str] = {}
     if on_cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(settings.kv_cache_gib)))  # whole GiB
-        # Idle workers sleep instead of spinning on cores the trainer and the other engines need.
-        options["worker_extension_cls"] = "services.searcher.worker_ext.QuietWorker"
         env[SPIN_ENV] = repr(settings.worker_spin_seconds)
     return options, env
 
@@ -208,6 +209,7 @@ class Engine:
     def _load(self, weights_dir: Path) -> None:
         def load() -> None:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+            self.llm.collective_rpc("refresh_tied_output_layer")  # vLLM's reload leaves it stale (worker_ext)
             # Cached prompt KV was computed with the old weights: it must not serve the new ones.
             self.llm.reset_prefix_cache()
 

@@ -46,7 +46,25 @@ def configure_process() -> None:
 
 
 class QuietWorker:
-    """The extension class vLLM mixes into its worker; importing the module is what matters."""
+    """The extension class vLLM mixes into its worker (every platform): importing the module applies the spin
+    window above; its methods are called through ``collective_rpc``."""
+
+    def refresh_tied_output_layer(self) -> bool:
+        """After ``reload_weights``, rebuild a tied output layer's kernel from the new embeddings; True if it did.
+
+        On CPU hosts vLLM packs each matrix for its GEMM kernels when weights are loaded (the output layer's
+        packed copy lives in ``lm_head.cpu_linear``). Its in-place reload (0.32) re-processes every layer that
+        loaded tensors from the checkpoint; a tied output layer has none of its own there (``lm_head.weight``
+        is not saved: it is the embeddings), so it keeps the packed copy of the old embeddings while the
+        embedding lookup uses the new ones ("ParallelLMHead: Failed to load weights" in vLLM's log).
+        Processing it again packs the current, shared tensor (tens of ms for 49k x 576)."""
+        model = self.model_runner.get_model()
+        head = getattr(model, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or method is None:
+            return False
+        method.process_weights_after_loading(head)
+        return True
 
     def spin_window(self) -> float | None:
         """The busy-loop window this worker's queues use (``collective_rpc("spin_window")``)."""

@@ -129,11 +129,10 @@ def test_samples_after_a_reload_carry_the_new_weights_and_the_base_reference(run
                 on_base = sequence_logprobs(base, prompts, completions, T, tok.pad_token_id)
             behaviour = torch.tensor([s.logprob_sum for s in group.samples])
             reference = torch.tensor([s.ref_logprob_sum for s in group.samples])
-            # Generated with the reloaded weights, not the base's: far closer to the new version's values.
-            error, gap = (behaviour - on_policy).abs(), (on_policy - on_base).abs()
-            assert error.sum() < 0.25 * gap.sum(), (behaviour, on_policy, on_base)
+            # Generated with exactly the reloaded weights (tied output layer included), not the base's.
+            torch.testing.assert_close(behaviour, on_policy, atol=5e-3, rtol=1e-4)
+            assert ((on_policy - on_base).abs() > 0.1).all(), (on_policy, on_base)
             torch.testing.assert_close(reference, on_base, atol=2e-3, rtol=1e-4)
-            run.setdefault("behaviour_errors", []).extend(error.tolist())
             checked += 1
     assert checked, f"no samples of a reloaded version ({reloaded}) came back from the buffer"
 
@@ -150,10 +149,3 @@ def test_no_error_lines_and_nothing_left_running(run: dict) -> None:
              and needle in cmdline(int(p.name)) and "redis" not in cmdline(int(p.name))]
     assert not alive, f"still running: {alive}"
 
-
-@pytest.mark.xfail(strict=True, reason="known defect: after vLLM 0.32's in-place reload_weights, SmolLM2's behaviour "
-                   "log-probs differ from transformers' on the same checkpoint by up to ~3 nats per 32-token sample, "
-                   "while a fresh engine started on that checkpoint matches to 1e-4; see docs/results/real-model.md")
-def test_samples_after_a_reload_equal_the_new_weights_exactly(run: dict, served, smollm2: Path) -> None:
-    test_samples_after_a_reload_carry_the_new_weights_and_the_base_reference(run, served, smollm2)
-    assert max(run["behaviour_errors"]) < 0.02, run["behaviour_errors"]
