@@ -23,8 +23,10 @@
    against the engine's own start, then throughput after the reload, where every batch pays the
    reference pass, and the reference pass alone. Fewer batches per round than the tiny model (a batch
    takes seconds): each searcher round ends with one reference pass that no generation overlaps, which
-   weighs more in a round of 3 batches than in a searcher that runs for hours. ``--quick``: one batch
-   per phase, a smoke run whose figures mean nothing.
+   weighs more in a round of 4 batches than in a searcher that runs for hours; the steady-state figure
+   (intervals between consecutive publications against the bare time per batch) leaves out the start
+   and the drain of each round. ``--quick``: two batches per phase, a smoke run whose figures mean
+   nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from benchmarks import Figure
@@ -51,11 +54,11 @@ REALISTIC_BATCHES_PER_ROUND = 24
 RELOADS = 5
 SPEC_100M = dict(hidden_size=768, num_layers=14, num_heads=12, intermediate_size=2048)
 # --model: a pretrained model's settings (chat prompts, longer answers). SmolLM2-135M generates about 90 tokens/s
-# here (a batch of 64 completions takes ~15 s, its reference pass ~12 s): one warm-up batch, 2 rounds of 3
-# batches per phase, one timed reference pass, so that the part takes about 10 minutes.
+# here (a batch of 64 completions takes ~15 s, its reference pass ~10 s): one warm-up batch, 2 rounds of 4
+# batches per phase, one timed reference pass, so that the part takes about 12 minutes.
 MODEL_SETTINGS = dict(prompts_per_batch=8, samples_per_prompt=8, max_new_tokens=64, max_model_len=512,
                       temperature=0.7, chat_template="on")
-MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 3, 5, 1
+MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 4, 5, 1
 
 
 
@@ -91,28 +94,33 @@ def _settings(model: Path, work: Path, redis_url: str, **kw):
     return SearcherSettings(**(base | kw))
 
 
-def _bare_round(engine, scorer, prompts, params) -> tuple[float, int, int]:
+def _bare_round(engine, scorer, prompts, params) -> tuple[float, int, int, list[float]]:
     """Bare ``LLM.generate`` over the given prompt batches, encoded as the searcher encodes them (the scorer's
-    prompt format: plain, or the chat template): (seconds, samples, tokens)."""
+    prompt format: plain, or the chat template): (seconds, samples, tokens, seconds per batch)."""
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
     samples = tokens = 0
+    per_batch = []
     for batch in prompts:
+        t = time.perf_counter()
         inputs = [TokensPrompt(prompt_token_ids=scorer.prompt_format.encode(scorer.tokenizer, p.text)) for p in batch]
         for out in engine.llm.generate(inputs, params, use_tqdm=False):
             samples += len(out.outputs)
             tokens += sum(len(c.token_ids) for c in out.outputs)
-    return time.perf_counter() - t0, samples, tokens
+        per_batch.append(time.perf_counter() - t)
+    return time.perf_counter() - t0, samples, tokens, per_batch
 
 
-def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, int, int]:
-    """The whole searcher loop for ``max_batches`` batches, the final flush included."""
+def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, int, int, list[float]]:
+    """The whole searcher loop for ``max_batches`` batches, the final flush included: (seconds, samples, tokens,
+    intervals between consecutive batches' publications)."""
     import redis
 
     from services.searcher.loop import Searcher
 
-    redis.Redis.from_url(redis_url).flushdb()
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
     searcher = Searcher(settings, engine, scorer)
     try:
         t0 = time.perf_counter()
@@ -121,10 +129,22 @@ def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, in
         status = searcher.status()
     finally:
         searcher.close()
-    published = redis.Redis.from_url(redis_url).xlen(Keys("bench").trajectories)
-    if published != status["groups_published"] or status["spilled"]:
-        raise RuntimeError(f"searcher lost groups: {published} on the stream, status {status}")
-    return seconds, status["samples_published"], status["tokens_generated"]
+    entries = client.xrange(Keys("bench").trajectories)
+    if len(entries) != status["groups_published"] or status["spilled"]:
+        raise RuntimeError(f"searcher lost groups: {len(entries)} on the stream, status {status}")
+    return seconds, status["samples_published"], status["tokens_generated"], _publish_intervals(
+        entries, settings.prompts_per_batch, settings.max_batches)
+
+
+def _publish_intervals(entries, groups_per_batch: int, batches: int) -> list[float]:
+    """Seconds between consecutive batches' publications, read off the stream entries' ids (Redis stamps
+    each with its arrival in ms; a batch is published when its last group is). Empty unless every batch
+    published all its groups."""
+    if len(entries) != groups_per_batch * batches:
+        return []
+    stamps = [int(entry_id.split(b"-")[0]) / 1e3 for entry_id, _ in entries]
+    done = [max(stamps[i:i + groups_per_batch]) for i in range(0, len(stamps), groups_per_batch)]
+    return [b - a for a, b in pairwise(done)]
 
 
 def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int = ROUNDS,
@@ -140,20 +160,35 @@ def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int
     _bare_round(engine, scorer, batches[:warmup], params)  # warm-up (the first generate is slow)
     bare = [0.0, 0, 0]
     ours = [0.0, 0, 0]
+    bare_batches: list[float] = []  # seconds per batch, bare, batches 2..N of each round
+    intervals: list[float] = []  # seconds between our consecutive publications: batches 2..N generated
     for r in range(rounds):
-        for acc, result in ((bare, _bare_round(engine, scorer, batches, params)),
-                            (ours, _searcher_round(settings, engine, scorer, redis_url))):
-            for i, v in enumerate(result):
+        bare_round = _bare_round(engine, scorer, batches, params)
+        our_round = _searcher_round(settings, engine, scorer, redis_url)
+        for acc, result in ((bare, bare_round), (ours, our_round)):
+            for i, v in enumerate(result[:3]):
                 acc[i] += v
+        bare_batches.extend(bare_round[3][1:])
+        intervals.extend(our_round[3])
         print(f"[bench] searcher {phase} round {r + 1}: bare {bare[1] / bare[0]:.0f} samples/s, "
               f"searcher {ours[1] / ours[0]:.0f} samples/s (cumulative)", flush=True)
     label = f"P={settings.prompts_per_batch} S={settings.samples_per_prompt} T={settings.max_new_tokens}"
-    return [
+    figures = [
         Figure(PART, f"samples/s {phase} ({label}) vs bare LLM.generate", ours[1] / ours[0], "samples/s",
                bare[1] / bare[0], ">= 0.9"),
         Figure(PART, f"tokens/s {phase}, vs bare LLM.generate", ours[2] / ours[0], "tokens/s",
                bare[2] / bare[0], ">= 0.9"),
     ]
+    if intervals:
+        # A searcher runs for hours: between its first and last publication every batch's scoring overlaps
+        # the next batch's generation. The whole-round figures above also hold the start (nothing to
+        # overlap yet) and the drain (the last batch's scoring alone), which weigh more the fewer batches
+        # a round has. Both sides here cover the same batches (2..N of each round).
+        per_batch = settings.prompts_per_batch * settings.samples_per_prompt
+        figures.append(Figure(PART, f"samples/s {phase}, steady state (publication intervals)",
+                              per_batch / statistics.mean(intervals), "samples/s",
+                              per_batch / statistics.mean(bare_batches), ">= 0.9"))
+    return figures
 
 
 def _checkpoints(work: Path, name: str, spec) -> tuple:
@@ -185,6 +220,9 @@ def reload_pause(engine, start_s: float, store, manifests, name: str, reloads: i
     size_mb = sum(f.stat().st_size for f in store.resolve(manifests[0]).iterdir()) / 1e6
     ids = [load_tokenizer(store.resolve(manifests[0]))("1+1=")["input_ids"]]
     engine.generate(ids, engine.sampling_params(1, 0.7, 4))  # warm-up
+    # The process's first reload also allocates what every later one reuses (~1 s for 540 MB); a searcher
+    # reloads hundreds of times in a run, so that one is not counted.
+    engine.reload(store.resolve(manifests[0]), manifests[0].version)
     pauses, verifies = [], []
     for i in range(reloads):
         m = manifests[(i + 1) % 2]
@@ -295,7 +333,7 @@ def model_figures(model_dir: Path, work: Path, redis_url: str, quick: bool = Fal
     from tba.tasks import make_task
 
     name = model_label(model_dir)
-    rounds, batches, reloads, repeats = (1, 1, 2, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND,
+    rounds, batches, reloads, repeats = (1, 2, 2, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND,
                                                                    MODEL_RELOADS, MODEL_REF_REPEATS)
     settings = _settings(model_dir, work, redis_url, max_batches=batches, **MODEL_SETTINGS)
     store, manifests = _copied_checkpoints(work, model_dir)

@@ -42,11 +42,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def resolve_model_dir(path: str | Path) -> Path:
-    """A model directory (has config.json) as is; a checkpoint root through its verified LATEST manifest."""
+    """A model or adapter directory as is; a checkpoint root through its verified LATEST manifest."""
     from tba.checkpoints import CheckpointStore
+    from tba.model.adapters import is_adapter
 
     path = Path(path)
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or is_adapter(path):
         return path
     store = CheckpointStore(path)
     manifest = store.read_manifest()
@@ -55,13 +56,17 @@ def resolve_model_dir(path: str | Path) -> Path:
     return store.verify(manifest)
 
 
-def load_model(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) of a Hugging Face directory, fp32."""
+def load_model(model_dir: str | Path, device: str = "cpu", base: str | Path | None = None) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) of a Hugging Face directory, fp32; a LoRA adapter directory is merged
+    into its base model (``base``, or the one the adapter records), with the base's tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tba.model.adapters import base_of, is_adapter, load_for_inference
     from tba.model.tokenizer import load_tokenizer
 
+    if is_adapter(model_dir):
+        return load_for_inference(model_dir, base, device), load_tokenizer(base_of(model_dir, base))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     return model, load_tokenizer(model_dir)
 
@@ -162,12 +167,13 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 20
 
 def evaluate_checkpoint(model_dir: str | Path, task: Any, n_prompts: int = 200, *,
                         task_options: dict[str, Any] | None = None, chat_template: str = "auto", device: str = "cpu",
-                        threads: int = 0, **kwargs: Any) -> dict[str, Any]:
-    """Load ``model_dir`` (a model directory or a checkpoint root) and evaluate it on ``task``.
+                        threads: int = 0, base: str | Path | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Load ``model_dir`` (a model or LoRA adapter directory, or a checkpoint root) and evaluate it on ``task``.
 
     ``task`` is a :class:`~tba.tasks.Task` or a registered name (with ``task_options``, in chat form
     as ``chat_template`` and the model's tokenizer decide); ``threads`` torch CPU threads (0: the idle
-    cores); ``kwargs`` go to :func:`evaluate_model` (samples, pass_k, temperature, max_new_tokens, seed,
+    cores); ``base`` the base model of an adapter (default: the one it records); ``kwargs`` go to
+    :func:`evaluate_model` (samples, pass_k, temperature, max_new_tokens, seed,
     system_prompt).
     """
     from tba.model.threads import torch_threads
@@ -176,7 +182,7 @@ def evaluate_checkpoint(model_dir: str | Path, task: Any, n_prompts: int = 200, 
 
     directory = resolve_model_dir(model_dir)
     with torch_threads(threads):
-        model, tokenizer = load_model(directory, device)
+        model, tokenizer = load_model(directory, device, base)
         if isinstance(task, str):
             task = make_task(task, task_options, chat=uses_chat(tokenizer, chat_template))
         result = evaluate_model(model, tokenizer, task, n_prompts=n_prompts, **kwargs)
@@ -223,7 +229,10 @@ def _ks(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path, help="Model directory, or checkpoint root (its LATEST is used).")
+    parser.add_argument("checkpoint", type=Path,
+                        help="Model or LoRA adapter directory, or checkpoint root (its LATEST is used).")
+    parser.add_argument("--base", type=Path, default=None,
+                        help="Base model of a LoRA adapter (default: the directory the adapter records).")
     parser.add_argument("--task", default="arithmetic", help="Task name (arithmetic, countdown, gsm8k, reward-model).")
     parser.add_argument("--task-options", default="{}", help="Task options as JSON, e.g. '{\"digits\": 2}'.")
     parser.add_argument("--n-prompts", type=int, default=200, help="Held-out prompts to evaluate.")
@@ -260,7 +269,8 @@ def main(args: argparse.Namespace) -> int:
         result = evaluate_checkpoint(args.checkpoint, args.task, args.n_prompts, task_options=options,
                                      chat_template=args.chat_template, samples=args.samples, pass_k=ks,
                                      temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                     seed=args.seed, threads=args.threads, system_prompt=args.system_prompt)
+                                     seed=args.seed, threads=args.threads, system_prompt=args.system_prompt,
+                                     base=args.base)
     except (ValueError, OSError, CheckpointError) as err:
         print(f"tba eval: {err}", file=sys.stderr)
         return 2

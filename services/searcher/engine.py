@@ -4,10 +4,13 @@ The same code runs on vLLM's CPU build here and on CUDA hosts; only the
 engine options differ (settings). ``logprobs_mode="processed_logprobs"``
 makes vLLM report log-probs after temperature scaling, so a completion's
 ``cumulative_logprob`` is log pi(y|x) under logits/T, the quantity the trainer
-computes with ``tba.model.logprobs`` (PLATFORM.md). Reload goes through
+computes with ``tba.model.logprobs``. Reload goes through
 ``collective_rpc("reload_weights")``: the engine is never restarted to change
-weights. Build an :class:`Engine` only from ``if __name__ == "__main__"`` (or
-a test): vLLM's engine core is a spawned process.
+weights. In a LoRA run (``lora_rank`` > 0) the engine keeps the base weights and a
+checkpoint is an adapter: it is added under a new adapter id (its version), every
+batch after that asks for it, and the previous one is removed. Build an
+:class:`Engine` only from ``if __name__ == "__main__"`` (or a test): vLLM's
+engine core is a spawned process.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, TypeVar
 
 from services.searcher.cpus import pin_engine_core, spare_cpus
 from services.searcher.worker_ext import SPIN_ENV
+from tba.model.adapters import is_adapter, vllm_max_rank
 from tba.settings import SearcherSettings
 
 log = logging.getLogger(__name__)
@@ -111,6 +115,9 @@ def engine_options(settings: SearcherSettings, on_cpu: bool) -> tuple[dict[str, 
     # Our worker methods (a tied output layer after a reload); on the CPU, importing them also makes idle
     # workers sleep instead of spinning on cores the trainer and the other engines need.
     options["worker_extension_cls"] = "services.searcher.worker_ext.QuietWorker"
+    if settings.lora_rank:  # one adapter serves at a time; two fit while the next replaces the last
+        options.update(enable_lora=True, max_lora_rank=vllm_max_rank(settings.lora_rank), max_loras=1,
+                       max_cpu_loras=2)
     env: dict[str, str] = {}
     if on_cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(settings.kv_cache_gib)))  # whole GiB
@@ -139,6 +146,7 @@ class Engine:
         self.on_cpu = on_cpu
         self.weights_dir = Path(weights_dir)
         self.version = version
+        self.adapter = None  # the LoRARequest every batch asks for; None: the weights alone
         log.info("vLLM engine up in %.1f s with %s (version %d)", time.monotonic() - started, weights_dir, version)
 
     def sampling_params(self, n: int, temperature: float, max_tokens: int, logprobs: bool = True):
@@ -161,7 +169,7 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         per_token = self.settings.per_token_logprobs
         result = []
         for out in outputs:
@@ -185,6 +193,10 @@ class Engine:
         ``stopping`` tells whether a shutdown was requested: a reload that fails then (the signal
         reached the engine core too) raises :class:`EngineStopped` instead of restoring."""
         started = time.monotonic()
+        if is_adapter(weights_dir):
+            self._load_adapter(Path(weights_dir), version)
+            self.version = version
+            return time.monotonic() - started
         try:
             self._load(weights_dir)
         except Exception as err:
@@ -204,12 +216,39 @@ class Engine:
             raise ReloadError(f"could not load {weights_dir}: {err}") from err
         self.weights_dir = Path(weights_dir)
         self.version = version
+        self._drop_adapter()
         return time.monotonic() - started
+
+    def _load_adapter(self, adapter_dir: Path, version: int) -> None:
+        """Add ``adapter_dir`` as adapter ``version``; the previous adapter is removed once the new one is in.
+
+        A failed load leaves the engine serving what it served (:class:`ReloadError`)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.settings.lora_rank:
+            raise ReloadError(f"{adapter_dir} is a LoRA adapter but TBA_LORA_RANK is 0 (the engine was started "
+                              "without adapters): set TBA_LORA_RANK to the trainer's rank")
+        request = LoRARequest(f"policy-v{version}", version, str(adapter_dir))
+        try:
+            added = guarded_call(lambda: self.llm.llm_engine.add_lora(request), self.alive, "add_lora")
+        except EngineStopped:
+            raise
+        except Exception as err:
+            raise ReloadError(f"could not load adapter {adapter_dir}: {err}") from err
+        if not added:
+            raise ReloadError(f"vLLM did not take adapter {adapter_dir}")
+        self._drop_adapter()
+        self.adapter = request
+
+    def _drop_adapter(self) -> None:
+        if self.adapter is not None:
+            old, self.adapter = self.adapter, None
+            guarded_call(lambda: self.llm.llm_engine.remove_lora(old.lora_int_id), self.alive, "remove_lora")
 
     def _load(self, weights_dir: Path) -> None:
         def load() -> None:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
-            self.llm.collective_rpc("refresh_tied_output_layer")  # vLLM's reload leaves it stale (worker_ext)
+            # vLLM's reload, and a tied output layer put on the new embeddings (worker_ext.py)
+            self.llm.collective_rpc("reload_in_place", args=(str(weights_dir),))
             # Cached prompt KV was computed with the old weights: it must not serve the new ones.
             self.llm.reset_prefix_cache()
 

@@ -241,7 +241,8 @@ class Searcher:
 
     def _serving_reference(self) -> bool:
         """True while the engine's weights are the reference model's own (the base, before any reload)."""
-        return self.settings.ref_reuse_at_base and self.engine.weights_dir.resolve() == self._reference_dir
+        return (self.settings.ref_reuse_at_base and self.engine.adapter is None
+                and self.engine.weights_dir.resolve() == self._reference_dir)
 
     def _hand_over(self, batch: GeneratedBatch) -> None:
         while True:

@@ -49,22 +49,34 @@ class QuietWorker:
     """The extension class vLLM mixes into its worker (every platform): importing the module applies the spin
     window above; its methods are called through ``collective_rpc``."""
 
-    def refresh_tied_output_layer(self) -> bool:
-        """After ``reload_weights``, rebuild a tied output layer's kernel from the new embeddings; True if it did.
+    def reload_in_place(self, weights_path: str) -> str:
+        """vLLM's in-place reload of ``weights_path``, then a tied output layer brought onto the new weights.
 
-        On CPU hosts vLLM packs each matrix for its GEMM kernels when weights are loaded (the output layer's
-        packed copy lives in ``lm_head.cpu_linear``). Its in-place reload (0.32) re-processes every layer that
-        loaded tensors from the checkpoint; a tied output layer has none of its own there (``lm_head.weight``
-        is not saved: it is the embeddings), so it keeps the packed copy of the old embeddings while the
-        embedding lookup uses the new ones ("ParallelLMHead: Failed to load weights" in vLLM's log).
-        Processing it again packs the current, shared tensor (tens of ms for 49k x 576)."""
+        Returns how the output layer was handled: ``"untied"``, ``"shared"`` (it now uses the kernel the
+        reload built for the embeddings) or ``"repacked"``.
+
+        On CPU hosts vLLM packs each matrix for its GEMM kernels when weights are loaded (a layer's packed
+        copy lives in its ``cpu_linear``). Its in-place reload (0.32) re-processes every layer that loaded
+        tensors from the checkpoint; a tied output layer has none of its own there (``lm_head.weight`` is
+        not saved: it is the embeddings), so it would keep the packed copy of the OLD embeddings while the
+        embedding lookup uses the new ones ("ParallelLMHead: Failed to load weights" in vLLM's log). The
+        reload does re-pack the embedding layer itself, from the very tensor the output layer shares: that
+        kernel is taken over when the reload visibly rebuilt it (a new ``cpu_linear``); otherwise the output
+        layer is packed again (~70 ms for 49k x 576 on one core). On GPUs neither layer has a packed copy."""
         model = self.model_runner.get_model()
         head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        before = getattr(embed, "cpu_linear", None)
+        self.reload_weights(weights_path=weights_path)
         method = getattr(head, "quant_method", None)
         if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or method is None:
-            return False
+            return "untied"
+        after = getattr(embed, "cpu_linear", None)
+        if after is not None and after is not before and head.weight is embed.weight:
+            head.cpu_linear = after
+            return "shared"
         method.process_weights_after_loading(head)
-        return True
+        return "repacked"
 
     def spin_window(self) -> float | None:
         """The busy-loop window this worker's queues use (``collective_rpc("spin_window")``)."""

@@ -1,7 +1,8 @@
 """The trainer's side of the checkpoint protocol (:mod:`tba.checkpoints`): publish, announce, prune, resume.
 
 A checkpoint is a Hugging Face model directory (safetensors, config, tokenizer,
-generation config) that searchers load as is, plus the trainer's own resume
+generation config) that searchers load as is, or in a LoRA run peft's adapter
+directory (adapter config and weights, :mod:`tba.model.adapters`), plus the trainer's own resume
 state under ``trainer/`` (optimizer, scheduler, step, beta, RNG states). Both
 are written into one temporary directory that :meth:`CheckpointStore.commit`
 fsyncs and renames: the rename is the commit point, so every ``step-NNNNNN``
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from tba.checkpoints import TRAINER_STATE_DIR, CheckpointError, CheckpointStore, announce, content_hash
+from tba.model.adapters import is_adapter
 from tba.schemas import CheckpointManifest
 
 log = logging.getLogger(__name__)
@@ -51,9 +53,10 @@ def save_checkpoint(store: CheckpointStore, model, tokenizer, optimizer, schedul
     tmp = store.new_tmp_dir()
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(tmp)
+        if not is_adapter(tmp):  # an adapter is served on the base, with the base's tokenizer
+            tokenizer.save_pretrained(tmp)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(tmp)
         _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer, scheduler, state)
         return store.commit(tmp, version=state.step, step=state.step)
     except BaseException:

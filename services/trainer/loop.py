@@ -100,7 +100,6 @@ class Trainer:
     def load_policy(self) -> ResumePoint | None:
         """Model, optimizer and counters from the newest complete checkpoint, else the base model."""
         import torch
-        from transformers import AutoModelForCausalLM
 
         from tba.model.tokenizer import load_tokenizer
 
@@ -109,9 +108,12 @@ class Trainer:
         if resume is None and not (Path(s.model) / "config.json").is_file():
             raise SettingsError(f"TBA_MODEL / --model: {s.model} holds no Hugging Face model (no config.json); "
                                 f"make one with `tba model init --out {s.model}`")
-        source = resume.directory if resume else s.model
-        self.tokenizer = load_tokenizer(source)
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(s.device)
+        # A LoRA checkpoint holds the adapters only: the tokenizer is the base's.
+        self.tokenizer = load_tokenizer(resume.directory if resume and not s.lora_rank else s.model)
+        if resume is None:  # before the model: new adapters are initialised from the RNG
+            torch.manual_seed(s.seed)
+            random.seed(s.seed)
+        model = self.load_model(resume.directory if resume else None).to(s.device)
         schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction, s.max_seconds)
         optimizer, scheduler = build_optimizer(model, s.lr, s.weight_decay, schedule, self.run_seconds)
         if resume:
@@ -122,8 +124,6 @@ class Trainer:
             self._seconds_before = st.run_seconds
             log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
         else:
-            torch.manual_seed(s.seed)
-            random.seed(s.seed)
             log.info("starting from the base model %s (version 0)", s.model)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.learner = Learner(model, optimizer, scheduler, make_loss(s.loss), temperature=s.temperature,
@@ -132,6 +132,34 @@ class Trainer:
         self.vocab_size = int(model.config.vocab_size)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         return resume
+
+    def load_model(self, checkpoint: Path | None):
+        """The policy as a transformers model: the base, or the checkpoint to resume; in a LoRA run the frozen
+        base with trainable adapters (new, or the checkpoint's), so the optimizer holds the adapters only."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from tba.model.adapters import AdapterError, is_adapter, wrap_for_training
+
+        s = self.settings
+        if checkpoint is not None and is_adapter(checkpoint) != bool(s.lora_rank):
+            raise SettingsError(
+                f"TBA_LORA_RANK={s.lora_rank}, but the checkpoint to resume ({checkpoint}) is "
+                f"{'an adapter' if is_adapter(checkpoint) else 'a full model'}: resume with the run's settings, "
+                f"or start a new run in another TBA_CHECKPOINT_DIR")
+        if not s.lora_rank:
+            return AutoModelForCausalLM.from_pretrained(str(checkpoint or s.model), dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(str(s.model), dtype=torch.float32)
+        try:
+            model = wrap_for_training(base, s.model, s.lora_rank, s.lora_alpha, s.lora_dropout,
+                                      s.lora_target_modules, resume_from=checkpoint)
+        except (AdapterError, ValueError) as err:  # peft: a target module the model does not have
+            raise SettingsError(f"TBA_LORA_*: {err}") from err
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in model.parameters())
+        log.info("LoRA rank %d on %s: %d trainable parameters of %d (%.2f%%)", s.lora_rank,
+                 ",".join(s.lora_target_modules), trainable, total, 100 * trainable / total)
+        return model
 
     def ready(self) -> tuple[bool, str]:
         state = self.metrics.status()["state"]

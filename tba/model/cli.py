@@ -1,4 +1,5 @@
-"""``tba model``: bring in a pretrained model (import, fetch), or make the tiny one (init) and teach it a task (sft)."""
+"""``tba model``: bring in a pretrained model (import, fetch), make the tiny one (init) and teach it a task (sft),
+or merge a LoRA run's adapter into its base (merge)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-size", type=int, default=256, help="Hidden size (head_dim stays 64).")
     p.add_argument("--layers", type=int, default=4, help="Number of decoder layers.")
 
+    merge_help = ("Merge a LoRA adapter (a checkpoint of a LoRA run) into its base model and write one full "
+                  "Hugging Face directory (weights, config, tokenizer) for serving.")
+    m = sub.add_parser("merge", help=merge_help, description=merge_help)
+    m.add_argument("adapter", type=Path, help="Adapter directory (adapter_config.json, adapter_model.safetensors).")
+    m.add_argument("--out", type=Path, required=True, help="Output directory (must not exist or be empty).")
+    m.add_argument("--base", type=Path, default=None,
+                   help="Base model directory (default: the one the adapter records).")
+
     from tba.model import sft
 
     s = sub.add_parser("sft", help=sft.HELP, description=sft.HELP)
@@ -63,9 +72,23 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from tba.model.adapters import AdapterError, merge
+
+    try:
+        out = merge(args.adapter, args.out, args.base)
+    except (AdapterError, OSError) as err:
+        print(f"tba model merge: {err}", file=sys.stderr)
+        return 2
+    print(f"merged model: {out}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if args.model_command in ("import", "fetch"):
         return _import(args)
+    if args.model_command == "merge":
+        return _merge(args)
     if args.model_command == "init":
         from tba.model.tiny import TinyModelSpec, init_model
 

@@ -27,6 +27,7 @@ from services.trainer.loop import Trainer
 from tba.checkpoints import TMP_PREFIX, CheckpointStore, parse_manifest
 from tba.codec import encode
 from tba.keys import STREAM_FIELD, Keys
+from tba.model.adapters import is_adapter
 from tba.schemas import ScoredGroup, ScoredSample
 from tba.settings import SettingsError, TrainerSettings
 from tests.conftest import free_port
@@ -320,8 +321,12 @@ def start_trainer(env: dict, log_path: Path) -> subprocess.Popen:
                             stderr=log_path.open("a"))
 
 
-def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buffer, tiny_model, tmp_path, group_pool):
-    """`tba trainer` killed with -9 (aimed at a checkpoint write), restarted with the same settings, then SIGTERM."""
+@pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora"])
+def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buffer, tiny_model, tmp_path, group_pool,
+                                                              lora_rank):
+    """`tba trainer` killed with -9 (aimed at a checkpoint write), restarted with the same settings, then SIGTERM.
+
+    The same for a LoRA run, whose checkpoints hold the adapters and their optimizer state only."""
     buffer.start()
     publish_groups(redis_server.client(), group_pool, version=0)
     ckpt, metrics_file = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
@@ -331,7 +336,7 @@ def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buff
            "TBA_CHECKPOINT_EVERY": "2", "TBA_KEEP_CHECKPOINTS": "3", "TBA_CHECKPOINT_GRACE_SECONDS": "0",
            "TBA_PROMPTS_PER_STEP": "2", "TBA_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24",
            "TBA_TORCH_THREADS": "1", "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3",
-           "TBA_METRICS_FILE": str(metrics_file)}
+           "TBA_METRICS_FILE": str(metrics_file), "TBA_LORA_RANK": str(lora_rank)}
     announcements = Announcements(redis_server.client())
     log_path = tmp_path / "trainer.log"
 
@@ -361,6 +366,11 @@ def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buff
             b.kill()
     log_text = log_path.read_text()
     assert f"resumed from step-{newest:06d}: step {newest}, version {newest}" in log_text
+    if lora_rank:
+        assert f"LoRA rank {lora_rank} on q_proj" in log_text
+        for version in store.versions():
+            assert is_adapter(store.step_dir(version)), "a LoRA run publishes adapters"
+            assert not (store.step_dir(version) / "model.safetensors").exists()
     assert "(stop requested)" in log_text
     stopped_at = store.read_manifest()
     assert load_state(store.verify(stopped_at)).step == stopped_at.version, "SIGTERM saved the step it reached"
