@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from services.trainer.distributed import ONE_PROCESS, Ranks, full_state, load_optimizer_state
 from tba.checkpoints import TRAINER_STATE_DIR, CheckpointError, CheckpointStore, announce, content_hash
 from tba.model.adapters import is_adapter
 from tba.schemas import CheckpointManifest
@@ -47,28 +48,34 @@ class TrainerState:
     settings: dict[str, Any] = field(default_factory=dict)  # for humans: what the run was started with
 
 
-def save_checkpoint(store: CheckpointStore, model, tokenizer, optimizer, scheduler,
-                    state: TrainerState) -> CheckpointManifest:
-    """Write model, tokenizer and trainer state into a temporary directory and commit it as ``state.step``."""
+def save_checkpoint(store: CheckpointStore, model, tokenizer, optimizer, scheduler, state: TrainerState, *,
+                    model_state: dict | None = None, optimizer_state: dict | None = None) -> CheckpointManifest:
+    """Write model, tokenizer and trainer state into a temporary directory and commit it as ``state.step``.
+
+    ``model_state`` and ``optimizer_state``: the whole states gathered from the ranks of a sharded trainer
+    (:func:`services.trainer.distributed.full_state`); one process passes neither."""
+    if optimizer_state is None:
+        model_state, optimizer_state = full_state(model, optimizer, ONE_PROCESS)
     tmp = store.new_tmp_dir()
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
         if not is_adapter(tmp):  # an adapter is served on the base, with the base's tokenizer
             tokenizer.save_pretrained(tmp)
             if getattr(model, "generation_config", None) is not None:
                 model.generation_config.save_pretrained(tmp)
-        _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer, scheduler, state)
+        _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer_state, scheduler, state)
         return store.commit(tmp, version=state.step, step=state.step)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _save_trainer_state(directory: Path, optimizer, scheduler, state: TrainerState) -> None:
+def _save_trainer_state(directory: Path, optimizer_state: dict, scheduler, state: TrainerState) -> None:
+    """The optimizer state keyed by parameter name (a run resumes on any number of ranks), schedule, RNGs."""
     directory.mkdir()
     sched = scheduler.state_dict()
     sched["lr_lambdas"] = [None] * len(sched.get("lr_lambdas", []))  # the schedule comes from the settings
-    tensors = {"optimizer": optimizer.state_dict(), "scheduler": sched, "torch_rng": torch.get_rng_state()}
+    tensors = {"optimizer": optimizer_state, "scheduler": sched, "torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
     torch.save(tensors, directory / OPTIMIZER_FILE)
@@ -122,14 +129,20 @@ def load_state(directory: Path) -> TrainerState:
     return TrainerState(**payload)
 
 
-def restore_trainer_state(directory: Path, optimizer, scheduler) -> None:
-    """Load optimizer, scheduler and RNG states saved by :func:`save_checkpoint` into live objects."""
-    tensors = torch.load(directory / TRAINER_STATE_DIR / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(tensors["optimizer"])
-    scheduler.load_state_dict(tensors["scheduler"])
-    torch.set_rng_state(tensors["torch_rng"])
-    if "cuda_rng" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(tensors["cuda_rng"])
+def restore_trainer_state(directory: Path, model, optimizer, scheduler, ranks: Ranks = ONE_PROCESS) -> None:
+    """Load optimizer, scheduler and RNG states saved by :func:`save_checkpoint` into live objects.
+
+    Under torchrun rank 0 reads the file and every rank takes its shard of the optimizer state; schedule
+    and RNG states are the same on every rank."""
+    tensors = None
+    if ranks.main:
+        tensors = torch.load(directory / TRAINER_STATE_DIR / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    load_optimizer_state(model, optimizer, tensors["optimizer"] if tensors else None, ranks)
+    shared = ranks.broadcast({k: v for k, v in tensors.items() if k != "optimizer"} if tensors else None)
+    scheduler.load_state_dict(shared["scheduler"])
+    torch.set_rng_state(shared["torch_rng"])
+    if "cuda_rng" in shared and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(shared["cuda_rng"])
     payload = json.loads((directory / TRAINER_STATE_DIR / STATE_FILE).read_text())
     if payload.get("python_rng"):
         random.setstate(_tupled(payload["python_rng"]))

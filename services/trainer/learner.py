@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.trainer.batching import Row, plan_micro_batches, staleness_histogram
+from services.trainer.distributed import ONE_PROCESS, Ranks, split_by_prompt
 from services.trainer.losses import LossFn, LossInput
 from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs, takes_tree_mask
 
@@ -50,7 +51,7 @@ class Learner:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, loss_fn: LossFn,
                  *, temperature: float, pad_id: int, token_budget: int, grad_clip: float | None,
-                 compute_dtype: str = "float32", prefix_sharing: bool = True) -> None:
+                 compute_dtype: str = "float32", prefix_sharing: bool = True, ranks: Ranks = ONE_PROCESS) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -61,12 +62,18 @@ class Learner:
         self.grad_clip = grad_clip
         self.device = next(model.parameters()).device
         self.compute_dtype = compute_dtype
+        self.ranks = ranks  # under torchrun: this rank computes its share of each batch (distributed.py)
         # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.
         self.logprobs = shared_prefix_logprobs if prefix_sharing and takes_tree_mask(model) else sequence_logprobs
 
-    def accumulate(self, rows: list[Row], beta: float) -> tuple[dict[str, float], int, int]:
-        """Forward and backward every micro-batch; gradients add up to those of the whole batch."""
-        denom = len(rows)
+    def accumulate(self, rows: list[Row], beta: float, denom: int | None = None,
+                   micro_batches: int | None = None) -> tuple[dict[str, float], int, int]:
+        """Forward and backward every micro-batch; gradients add up to those of the whole batch.
+
+        ``denom``: the whole batch's sample count when ``rows`` are one rank's share of it; ``micro_batches``:
+        how many forwards to run at least (the other ranks' most), the extra ones on a filler row weighted
+        zero, so that every rank takes part in every gather of the sharded weights."""
+        denom = denom or len(rows)
         totals: dict[str, float] = defaultdict(float)
         micro = plan_micro_batches(rows, self.token_budget)
         tokens = 0
@@ -76,24 +83,34 @@ class Learner:
             x = LossInput(log_pi=log_pi.float(), log_ref=mb.log_ref.to(self.device),
                           reward=mb.reward.to(self.device), prompt_index=mb.prompt_index.to(self.device))
             out = self.loss_fn(x, beta, denom)
-            out.loss.backward()
+            (out.loss * self.ranks.world).backward()  # FSDP averages the ranks' gradients: make it their sum
             for k, v in out.metrics.items():
                 totals[k] += v
             tokens += mb.tokens
+        for _ in range(len(micro), micro_batches or 0):
+            with autocast(self.device, self.compute_dtype):
+                filler = self.logprobs(self.model, [[self.pad_id]], [[self.pad_id]], self.temperature, self.pad_id)
+            (filler.float().sum() * 0.0).backward()
         totals["prompts"] = float(len({r.prompt_key for r in rows}))
-        return dict(totals), tokens, len(micro)
+        return dict(totals), tokens, max(len(micro), micro_batches or 0)
 
     def step(self, rows: list[Row], beta: float) -> StepResult:
-        """Take one optimizer step on ``rows`` (complete prompts) with KL coefficient ``beta``."""
+        """Take one optimizer step on ``rows`` (complete prompts) with KL coefficient ``beta``.
+
+        Under torchrun every rank is given the whole batch and computes the loss on its share of the prompts."""
         if not rows:
             raise ValueError("an optimizer step needs at least one sample")
         start = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        metrics, tokens, n_micro = self.accumulate(rows, beta)
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if self.ranks.distributed:
+            mine = split_by_prompt(rows, self.ranks.world)[self.ranks.rank]
+            most = max(self.ranks.all_gather(len(plan_micro_batches(mine, self.token_budget))))
+            local = self.accumulate(mine, beta, denom=len(rows), micro_batches=most)
+            metrics, tokens, n_micro = _summed(self.ranks.all_gather(local))
+        else:
+            metrics, tokens, n_micro = self.accumulate(rows, beta)
+        grad_norm = self._clip_gradients()
         lr = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(grad_norm):
             self.optimizer.step()
@@ -106,3 +123,23 @@ class Learner:
             micro_batches=n_micro, seconds=time.perf_counter() - start, grad_norm=grad_norm, lr=lr,
             staleness=staleness_histogram(rows),
         )
+
+    def _clip_gradients(self) -> float:
+        """The whole gradient's norm (across shards under FSDP), clipped to ``grad_clip``."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if hasattr(norm, "full_tensor"):  # a DTensor: each rank holds the norm of its shards only
+            norm = norm.full_tensor()
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm, foreach=True)
+        return float(norm)
+
+
+def _summed(per_rank: list[tuple[dict[str, float], int, int]]) -> tuple[dict[str, float], int, int]:
+    """The ranks' metrics (sums over their samples / the whole batch's count) and tokens added up."""
+    metrics: dict[str, float] = defaultdict(float)
+    for rank_metrics, _, _ in per_rank:
+        for k, v in rank_metrics.items():
+            metrics[k] += v
+    return dict(metrics), sum(t for _, t, _ in per_rank), per_rank[0][2]

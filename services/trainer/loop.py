@@ -32,6 +32,7 @@ from services.trainer.checkpoints import (
     save_checkpoint,
 )
 from services.trainer.client import BufferClient, BufferRequestError, StopRequested
+from services.trainer.distributed import Ranks, full_state, shard
 from services.trainer.learner import Learner
 from services.trainer.losses import BetaSchedule, make_loss
 from services.trainer.metrics import TrainerMetrics
@@ -62,6 +63,7 @@ class Trainer:
         self.samples_seen = 0
         self.tokens_seen = 0
         self.health: HealthServer | None = None
+        self.ranks = Ranks.from_env()  # under torchrun: rank 0 runs this loop, the others follow it (follow())
         self._started = time.monotonic()
         self._seconds_before = 0.0  # run time of the processes this run resumed from
 
@@ -81,6 +83,10 @@ class Trainer:
         hf_logging.disable_progress_bar()  # per-checkpoint progress bars would drown the step lines
         if s.torch_threads:
             torch.set_num_threads(s.torch_threads)
+        self.device = self.ranks.start(s.device)
+        if not self.ranks.main:  # the others only compute: rank 0 talks to the buffer, Redis and Prometheus
+            self.load_policy()
+            return
         self.health = HealthServer(s.metrics_host, s.metrics_port, self.ready, self.metrics.registry,
                                    status=self.status).start()
         log.info("trainer health and metrics on http://%s:%d (/status, /metrics)", s.metrics_host, self.health.port)
@@ -104,7 +110,7 @@ class Trainer:
         from tba.model.tokenizer import load_tokenizer
 
         s = self.settings
-        resume = find_resume_point(self.store)
+        resume = self.ranks.broadcast(find_resume_point(self.store) if self.ranks.main else None)
         if resume is None and not (Path(s.model) / "config.json").is_file():
             raise SettingsError(f"TBA_MODEL / --model: {s.model} holds no Hugging Face model (no config.json); "
                                 f"make one with `tba model init --out {s.model}`")
@@ -113,11 +119,13 @@ class Trainer:
         if resume is None:  # before the model: new adapters are initialised from the RNG
             torch.manual_seed(s.seed)
             random.seed(s.seed)
-        model = self.load_model(resume.directory if resume else None).to(s.device)
+        model = self.load_model(resume.directory if resume else None).to(self.device)
+        if self.ranks.distributed:
+            model = shard(model)
         schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction, s.max_seconds)
         optimizer, scheduler = build_optimizer(model, s.lr, s.weight_decay, schedule, self.run_seconds)
         if resume:
-            restore_trainer_state(resume.directory, optimizer, scheduler)
+            restore_trainer_state(resume.directory, model, optimizer, scheduler, self.ranks)
             st = resume.state
             self.step, self.published, self.beta = st.step, resume.manifest.version, st.beta
             self.samples_seen, self.tokens_seen = st.samples_seen, st.tokens_seen
@@ -128,7 +136,7 @@ class Trainer:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.learner = Learner(model, optimizer, scheduler, make_loss(s.loss), temperature=s.temperature,
                                pad_id=pad_id, token_budget=s.token_budget, grad_clip=s.grad_clip,
-                               compute_dtype=s.dtype, prefix_sharing=s.prefix_sharing)
+                               compute_dtype=s.dtype, prefix_sharing=s.prefix_sharing, ranks=self.ranks)
         self.vocab_size = int(model.config.vocab_size)
         self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         return resume
@@ -179,6 +187,8 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def run(self) -> int:
+        if not self.ranks.main:
+            return self.follow()
         code, clean = 0, True
         try:
             self.setup()
@@ -200,6 +210,19 @@ class Trainer:
         finally:
             self.finish(publish=clean and hasattr(self, "learner"))
         return code
+
+    def follow(self) -> int:
+        """Rank > 0 under torchrun: do what rank 0 says (a step on the batch it fetched, a checkpoint, stop)."""
+        self.setup()
+        while True:
+            command = self.ranks.broadcast()
+            if command[0] == "step":
+                self.learner.step(*command[1:])
+            elif command[0] == "publish":
+                full_state(self.learner.model, self.learner.optimizer, self.ranks)
+            else:
+                self.ranks.stop()
+                return 0
 
     def done(self) -> bool:
         return self.stop.is_set() or self.budget_spent()
@@ -263,6 +286,7 @@ class Trainer:
             return
         self.metrics.set_state("training")
         beta = self.beta_schedule(self.step + 1)
+        self.ranks.broadcast(("step", rows, beta))
         result = self.learner.step(rows, beta)
         self.step += 1
         self.beta = beta
@@ -281,9 +305,12 @@ class Trainer:
         state = TrainerState(step=self.step, beta=self.beta, samples_seen=self.samples_seen,
                              tokens_seen=self.tokens_seen, run_seconds=self.run_seconds(),
                              settings=s.model_dump(mode="json", exclude={"auth_token"}))
+        self.ranks.broadcast(("publish",))
+        model_state, optimizer_state = full_state(self.learner.model, self.learner.optimizer, self.ranks)
         try:
             manifest = save_checkpoint(self.store, self.learner.model, self.tokenizer, self.learner.optimizer,
-                                       self.learner.scheduler, state)
+                                       self.learner.scheduler, state, model_state=model_state,
+                                       optimizer_state=optimizer_state)
         except OSError as err:
             if final:
                 raise
@@ -309,6 +336,9 @@ class Trainer:
                 self.announcer.flush()
         finally:
             self.metrics.set_state("done")
+            if publish:  # a clean stop: the other ranks wait for the next command. After a failure, torchrun
+                self.ranks.broadcast(("stop",))  # stops them (they may be inside a collective of the failed step)
+            self.ranks.stop(clean=publish)
             if hasattr(self, "client"):
                 self.client.close()
             if self.health is not None:

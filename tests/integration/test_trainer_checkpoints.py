@@ -137,7 +137,7 @@ def test_resume_continues_exactly_as_if_never_stopped(trained, tiny_model):
     assert point is not None and point.manifest == manifest and point.state.step == 2
     assert point.state.samples_seen == 24
     resumed = make_learner(point.directory)
-    restore_trainer_state(point.directory, resumed.optimizer, resumed.scheduler)
+    restore_trainer_state(point.directory, resumed.model, resumed.optimizer, resumed.scheduler)
     assert resumed.scheduler.last_epoch == 2
     for rows in more:
         resumed.step(rows, beta=0.05)

@@ -31,6 +31,7 @@ from tba.model.adapters import is_adapter
 from tba.schemas import ScoredGroup, ScoredSample
 from tba.settings import SettingsError, TrainerSettings
 from tests.conftest import free_port
+from tests.procs import descendants
 
 T = 0.7
 NS = "trn"
@@ -389,3 +390,79 @@ def test_a_missing_model_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(SettingsError, match=r"TBA_MODEL / --model: .*nothing.*tba model init"):
         trainer.run()
     assert trainer.status()["state"] == "done" and not (tmp_path / "c").exists()
+
+
+def _rank_pids(launcher_pid: int) -> dict[int, int]:
+    """rank -> pid of the trainer processes torchrun started (read from their environment)."""
+    ranks = {}
+    for pid in descendants(launcher_pid):
+        try:
+            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        if "RANK" in env and "tba.cli" in Path(f"/proc/{pid}/cmdline").read_text():
+            ranks[int(env["RANK"])] = pid
+    return ranks
+
+
+def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_dies(
+        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    """`tba trainer` as 2 FSDP2 ranks under torchrun (gloo): rank 0 fetches, both train, rank 0 publishes whole
+    checkpoints. kill -9 of rank 1 takes the whole job down (torchrun exits non-zero, no rank left), the
+    restart (what `tba up`'s supervisor or a container's restart policy does) resumes from the newest
+    checkpoint, and SIGTERM publishes the step reached."""
+    from transformers import AutoModelForCausalLM
+
+    from tba.up import trainer_launcher
+
+    buffer.start()
+    publish_groups(redis_server.client(), group_pool, version=0)
+    ckpt = tmp_path / "ckpt"
+    store = CheckpointStore(ckpt)
+    env = {**os.environ, "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": NS, "TBA_BUFFER_URL": buffer.url,
+           "TBA_MODEL": str(tiny_model), "TBA_CHECKPOINT_DIR": str(ckpt), "TBA_MAX_STEPS": "1000",
+           "TBA_CHECKPOINT_EVERY": "2", "TBA_CHECKPOINT_GRACE_SECONDS": "0", "TBA_PROMPTS_PER_STEP": "3",
+           "TBA_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24", "TBA_TORCH_THREADS": "1",
+           "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3", "TBA_METRICS_FILE": str(tmp_path / "metrics.jsonl")}
+    log_path = tmp_path / "trainer.log"
+    cmd = [*trainer_launcher(2), "-m", "tba.cli", "trainer"]
+
+    def launch() -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a"),
+                                start_new_session=True)
+
+    first = launch()
+    try:
+        wait_for(lambda: latest_version(store) >= 4, 180, f"version 4 (log {log_path})")
+        ranks = wait_for(lambda: _rank_pids(first.pid) if len(_rank_pids(first.pid)) == 2 else None, 10, "ranks")
+        os.kill(ranks[1], signal.SIGKILL)
+        assert first.wait(60) != 0, "a dead rank fails the job"
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks.values()), 10, "no rank left")
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+    newest = latest_version(store)
+    second = launch()
+    try:
+        wait_for(lambda: latest_version(store) >= newest + 4, 180, "new versions after the restart")
+        ranks = _rank_pids(second.pid)
+        os.killpg(second.pid, signal.SIGTERM)  # what `tba up` and a container stop send
+        second.wait(120)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait(10)
+    log_text = log_path.read_text()
+    assert "trainer rank 1 of 2" in log_text and f"resumed from step-{newest:06d}" in log_text, log_text[-3000:]
+    assert "(stop requested)" in log_text
+    stopped_at = store.read_manifest()
+    directory = store.verify(stopped_at)
+    assert load_state(directory).step == stopped_at.version, "SIGTERM saved the step it reached"
+    trained = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    assert trained.state_dict().keys() == base.state_dict().keys()
+    assert any(not torch.equal(a, base.state_dict()[k]) for k, a in trained.state_dict().items())
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == stopped_at.version and newest + 1 in steps
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks.values()), "no rank outlives the launcher"
