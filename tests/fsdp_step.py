@@ -3,7 +3,8 @@
 ``python -m torch.distributed.run --nproc-per-node N -m tests.fsdp_step MODEL OUT [LORA_RANK]`` (or plain
 ``python -m tests.fsdp_step`` for one process): the tiny model (with LoRA adapters of LORA_RANK, if given),
 sharded with FSDP2 under several ranks, takes one TB step with the trainer's Learner on :func:`batch`;
-rank 0 writes the step's metrics and the whole model and optimizer states, gathered, to OUT.
+rank 0 writes the step's metrics and the whole model and optimizer states, gathered, to OUT, and
+publishes them as a checkpoint under OUT/ckpt.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from pathlib import Path
 import torch
 
 from services.trainer.batching import Row
+from services.trainer.checkpoints import TrainerState, save_checkpoint
 from services.trainer.distributed import Ranks, full_state, shard
 from services.trainer.learner import Learner
 from services.trainer.losses import make_loss
 from services.trainer.optim import LRSchedule, build_optimizer
+from tba.checkpoints import CheckpointStore
 from tba.model.adapters import DEFAULT_TARGETS, wrap_for_training
+from tba.model.tokenizer import load_tokenizer
 
 T = 0.7
 TOKEN_BUDGET = 96  # small: the ranks' shares take different numbers of micro-batches
@@ -62,6 +66,8 @@ def main(model_dir: str, out: str, lora_rank: int = 0) -> None:
     model_state, optimizer_state = full_state(model, optimizer, ranks)
     if ranks.main:
         Path(out).mkdir(parents=True, exist_ok=True)
+        save_checkpoint(CheckpointStore(Path(out) / "ckpt"), model, load_tokenizer(model_dir), optimizer, scheduler,
+                        TrainerState(step=1, beta=0.1), model_state=model_state, optimizer_state=optimizer_state)
         torch.save({"model": model_state, "optimizer": optimizer_state}, Path(out) / "state.pt")
         (Path(out) / "result.json").write_text(json.dumps(
             {"metrics": result.metrics, "grad_norm": result.grad_norm, "samples": result.samples,

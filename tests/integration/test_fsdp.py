@@ -64,6 +64,23 @@ def test_two_ranks_take_the_one_process_step(tiny_model: Path, tmp_path: Path, l
     assert one_opt.keys() == two_opt.keys() and one_opt
     if lora_rank:
         assert all("lora_" in name for name in one_opt), "a LoRA run's optimizer holds the adapters only"
+    # Both published the same checkpoint: a whole model (or the adapters) that loads as is.
+    from tba.checkpoints import CheckpointStore
+    from tba.evaluate import load_model
+    from tba.model.logprobs import sequence_logprobs
+    from tests.fsdp_step import T, batch
+
+    logprobs = []
+    for run in ("one", "two"):
+        store = CheckpointStore(tmp_path / run / "ckpt")
+        directory = store.verify(store.read_manifest())
+        assert (directory / ("adapter_model.safetensors" if lora_rank else "model.safetensors")).is_file()
+        model, _ = load_model(directory)
+        rows = batch(int(model.config.vocab_size))
+        with torch.no_grad():
+            logprobs.append(sequence_logprobs(model, [list(r.prompt_ids) for r in rows],
+                                              [list(r.completion_ids) for r in rows], T, 0))
+    torch.testing.assert_close(logprobs[1], logprobs[0], atol=1e-4, rtol=1e-5)
     for name, state in one_opt.items():
         for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(two_opt[name][key], state[key], atol=1e-6, rtol=1e-5, msg=f"{name} {key}")
