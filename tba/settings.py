@@ -89,6 +89,8 @@ class TrainerSettings(ModelSettings):
     buffer_url: str = Field("http://127.0.0.1:8400", description="Base URL of the buffer service.")
     device: str = Field("cpu", description="Torch device (cpu, cuda, cuda:0).")
     torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0: torch's default).")
+    trainer_procs: int = Field(1, ge=1, le=1024, description="Trainer processes on this host: above 1, `tba trainer` "
+                               "runs itself under torchrun as that many FSDP2 ranks (on GPUs: one per GPU).")
     loss: Literal["tb", "grpo"] = Field("tb", description="Loss: tb (Trajectory Balance) or grpo (on-policy baseline).")
     mode: Literal["async", "sync"] = Field(
         "async", description="async: off-policy replay; sync: current version only, a checkpoint every step.")

@@ -53,17 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
-def trainer_launcher(procs: int) -> list[str]:
-    """The command before ``-m tba.cli trainer``: Python, or torchrun with ``procs`` ranks on this host.
-
-    A rank that dies makes torchrun stop the others and exit non-zero; the supervisor then starts it
-    again and every rank resumes from the newest checkpoint. torchrun's own in-place restarts are not
-    used: with gloo (torch 2.13) the restarted ranks hung in their rendezvous in 2 of 3 tries here."""
-    if procs <= 1:
-        return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)]
-
-
 def _wait_http(url: str, timeout: float, child) -> None:
     import httpx
 
@@ -202,8 +191,8 @@ class LocalRun:
         trainer_env["TBA_MAX_SECONDS"] = f"{max(1.0, self.t0 + self.args.minutes * 60 - time.time()):.0f}"
         trainer_env.setdefault("TBA_LR_SCHEDULE", "wsd")
         trainer_env.setdefault("TBA_LR_DECAY_FRACTION", "0.5")
-        self.sup.add(Child("trainer", [*trainer_launcher(self.args.trainer_procs), "-m", "tba.cli", "trainer"],
-                           trainer_env, self.logs / "trainer.log"))
+        trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
+        self.sup.add(Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log"))
         for i in range(self.args.searchers):
             name, port = f"searcher-{i}", free_port()
             status_urls[name] = f"http://127.0.0.1:{port}"

@@ -2,14 +2,17 @@
 
 Settings come first (env ``TBA_*`` or flags, checked before anything heavy is
 imported), then torch. SIGTERM and Ctrl-C finish the current step, publish a
-checkpoint and exit 0.
+checkpoint and exit 0. With ``TBA_TRAINER_PROCS`` above 1 the command replaces itself
+with torchrun running it as that many ranks (services/trainer/distributed.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import sys
 import threading
 
 from tba.settings import TrainerSettings, add_settings_arguments, load_settings
@@ -23,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings(TrainerSettings, args)
+    if settings.trainer_procs > 1 and "WORLD_SIZE" not in os.environ:
+        # N ranks on this host: the same command, N times under torchrun (it forwards our signals to them).
+        from services.trainer.distributed import launcher
+
+        command = [*launcher(settings.trainer_procs), "-m", "tba.cli", *sys.argv[1:]]
+        os.execv(command[0], command)
 
     from tba.logs import setup_logging
 

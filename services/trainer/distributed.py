@@ -1,8 +1,9 @@
 """The trainer as N ranks under ``torchrun``: FSDP2 sharding, one batch split by prompt, full checkpoints.
 
-``torchrun --nproc-per-node N -m tba.cli trainer`` starts N copies of the trainer; the launcher's
-environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``) says which one each is. One
-process (``WORLD_SIZE`` unset or 1) is the plain trainer: nothing here runs.
+``TBA_TRAINER_PROCS=N tba trainer`` runs itself again under ``torchrun --nproc-per-node N`` (several
+nodes: run torchrun yourself, k8s/README.md); the launcher's environment (``WORLD_SIZE``, ``RANK``,
+``LOCAL_RANK``, ``MASTER_ADDR``) says which copy each is. One process (``WORLD_SIZE`` unset or 1) is the
+plain trainer: nothing here runs.
 
 Who does what:
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -114,13 +116,24 @@ class Ranks:
 ONE_PROCESS = Ranks()
 
 
+def launcher(procs: int) -> list[str]:
+    """The command that starts ``procs`` ranks on this host, before ``-m tba.cli trainer ...``.
+
+    A rank that dies makes torchrun stop the others and exit non-zero; whatever restarts the trainer (the
+    supervisor of ``tba up``, a container's restart policy) starts it again and every rank resumes from
+    the newest checkpoint. torchrun's own in-place restarts (``--max-restarts``) are not used: with gloo
+    (torch 2.13) the restarted ranks hung in their rendezvous in 2 of 3 tries here."""
+    if procs <= 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)]
+
+
 def die_with_parent() -> None:
     """Be killed when the launcher dies. torchrun starts each rank in a session of its own, so a signal to the
     launcher's process group (a supervisor's stop, a container's) reaches the ranks only through torchrun,
     and a torchrun killed with SIGKILL would leave them running. Linux only; elsewhere nothing changes."""
     import ctypes
     import signal
-    import sys
 
     if not sys.platform.startswith("linux"):
         return

@@ -413,7 +413,6 @@ def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_
     checkpoint, and SIGTERM publishes the step reached."""
     from transformers import AutoModelForCausalLM
 
-    from tba.up import trainer_launcher
 
     buffer.start()
     publish_groups(redis_server.client(), group_pool, version=0)
@@ -425,7 +424,8 @@ def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_
            "TBA_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24", "TBA_TORCH_THREADS": "1",
            "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3", "TBA_METRICS_FILE": str(tmp_path / "metrics.jsonl")}
     log_path = tmp_path / "trainer.log"
-    cmd = [*trainer_launcher(2), "-m", "tba.cli", "trainer"]
+    env["TBA_TRAINER_PROCS"] = "2"  # `tba trainer` runs itself under torchrun
+    cmd = [sys.executable, "-m", "tba.cli", "trainer"]
 
     def launch() -> subprocess.Popen:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a"),
