@@ -59,6 +59,55 @@ def test_autoscaler_component_renders_and_validates(k8s_dir: Path, tmp_path: Pat
     _validate(out)
 
 
+def _with_components(k8s_dir: Path, name: str, *components: str) -> Path:
+    overlay = k8s_dir / "overlays" / name
+    overlay.mkdir(exist_ok=True)
+    listed = ", ".join(f"../../components/{c}" for c in components)
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [../gpu]\ncomponents: [{listed}]\n")
+    return overlay
+
+
+def test_multi_gpu_trainer_component_renders_and_validates(k8s_dir: Path, tmp_path: Path) -> None:
+    """One pod, N GPUs: `tba trainer` with TBA_TRAINER_PROCS=N runs itself as N ranks under torchrun."""
+    overlay = _with_components(k8s_dir, "gpu-multi-gpu", "trainer-multi-gpu")
+    trainer = by_kind(kustomize(overlay), "Deployment")["trainer"]
+    container = _container(trainer, "trainer")
+    procs = {e["name"]: e.get("value") for e in container["env"]}["TBA_TRAINER_PROCS"]
+    assert container["command"] == ["tba", "trainer"]
+    assert int(procs) == container["resources"]["limits"]["nvidia.com/gpu"] > 1
+    assert any(m["mountPath"] == "/dev/shm" for m in container["volumeMounts"])
+    out = tmp_path / "multi-gpu.yaml"
+    out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
+    _validate(out)
+
+
+def test_multi_node_trainer_recipe_renders_and_validates(k8s_dir: Path, tmp_path: Path) -> None:
+    """Several nodes: an indexed Job whose pods meet at pod 0 through a headless Service, instead of the Deployment."""
+    overlay = _with_components(k8s_dir, "gpu-multi-node", "trainer-multi-node")
+    docs = kustomize(overlay)
+    assert "trainer" not in by_kind(docs, "Deployment")
+    job = by_kind(docs, "Job")["trainer"]
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] >= 2
+    headless = by_kind(docs, "Service")["trainer-nodes"]
+    assert headless["spec"]["clusterIP"] == "None" and pod["subdomain"] == "trainer-nodes"
+    container = _container(job, "trainer")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    command = container["command"][-1]
+    assert "--node-rank \"$JOB_COMPLETION_INDEX\"" in command and "trainer-0.trainer-nodes" in command
+    assert int(env["NODES"]) == spec["completions"] and int(env["GPUS"]) == container["resources"]["limits"][
+        "nvidia.com/gpu"]
+    assert "TBA_TRAINER_PROCS" not in env, "torchrun is started by the command: tba trainer must not start another"
+    metrics = by_kind(docs, "Service")["trainer-metrics"]
+    assert metrics["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    out = tmp_path / "multi-node.yaml"
+    out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
+    _validate(out)
+
+
 def test_a_misspelt_field_is_caught(k8s_dir: Path, tmp_path: Path) -> None:
     """The validation is strict for real: the same manifests with one typo fail."""
     bad = tmp_path / "bad.yaml"

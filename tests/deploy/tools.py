@@ -23,6 +23,7 @@ COMPOSE_FILES = {
     "gpu": ["docker-compose.yml"],
     "cpu": ["docker-compose.yml", "docker-compose.cpu.yml"],
     "gpus": ["docker-compose.yml", "docker-compose.gpus.yml"],
+    "trainer-gpus": ["docker-compose.yml", "docker-compose.trainer-gpus.yml"],
     "smoke": ["docker-compose.yml", "docker-compose.cpu.yml", "tests/deploy/compose.smoke.yml"],
 }
 OVERLAYS = ["gpu", "cpu-dev"]
