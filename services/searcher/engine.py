@@ -4,9 +4,9 @@ The same code runs on vLLM's CPU build here and on CUDA hosts; only the
 engine options differ (settings). ``logprobs_mode="processed_logprobs"``
 makes vLLM report log-probs after temperature scaling, so a completion's
 ``cumulative_logprob`` is log pi(y|x) under logits/T, the quantity the trainer
-computes with ``tba.model.logprobs``. Reload goes through
-``collective_rpc("reload_weights")``: the engine is never restarted to change
-weights. In a LoRA run (``lora_rank`` > 0) the engine keeps the base weights and a
+computes with ``tba.model.logprobs``. Reload goes through vLLM's in-place
+``reload_weights`` (one ``collective_rpc``, worker_ext.py): the engine is never
+restarted to change weights. In a LoRA run (``lora_rank`` > 0) the engine keeps the base weights and a
 checkpoint is an adapter: it is added under a new adapter id (its version), every
 batch after that asks for it, and the previous one is removed. Build an
 :class:`Engine` only from ``if __name__ == "__main__"`` (or a test): vLLM's

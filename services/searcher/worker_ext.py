@@ -11,6 +11,9 @@ wake-up, well under a millisecond, on a wait longer than the window. Two ways in
 loads it as a general plugin in every process it starts (entry point ``vllm.general_plugins``, so
 the engine core too), and importing this module as the worker extension (``worker_extension_cls``)
 runs it in the workers where the package's entry points are not installed.
+
+The worker extension also carries the searcher's in-place reload (:meth:`QuietWorker.reload_in_place`):
+vLLM's reload plus what it leaves undone for a model with tied embeddings.
 """
 
 from __future__ import annotations

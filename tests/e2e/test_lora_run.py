@@ -1,0 +1,57 @@
+"""`TBA_LORA_RANK=8 tba up`: a LoRA run through the whole system.
+
+One searcher (real vLLM with adapters enabled), the buffer, Redis and the trainer on the SFT base, for
+a few steps: the trainer publishes adapters, the searcher adds each to its engine and stamps its groups
+with the adapter's version, the run's evaluations read the adapters, nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_local_run import test_nothing_left_running as _nothing_left_running
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    env = {**os.environ, "TBA_LORA_RANK": "8", "TBA_LR": "1e-3", "TBA_CHECKPOINT_EVERY": "2",
+           "TBA_WARMUP_SAMPLES": "32", "TBA_CHECKPOINT_GRACE_SECONDS": "5"}
+    cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--searchers", "1", "--minutes", "8",
+           "--max-steps", str(STEPS), "--run-dir", str(run_dir), "--base-model", str(sft_model),
+           "--eval-every", "20", "--eval-prompts", "50", "--no-report"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=8 * 60 + 240)
+    assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return {"dir": run_dir, "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def test_the_trainer_published_adapters_and_the_searcher_served_them(run: dict) -> None:
+    from tba.checkpoints import CheckpointStore
+    from tba.model.adapters import is_adapter
+
+    store = CheckpointStore(run["dir"] / "checkpoints")
+    assert store.versions() and all(is_adapter(store.step_dir(v)) for v in store.versions())
+    assert max(run["summary"]["versions_published"]) == STEPS
+    log = (run["dir"] / "logs" / "searcher-0.log").read_text()
+    served = run["summary"]["searcher_versions"]["searcher-0"]
+    assert max(served) > 0 and "reloaded v" in log, "the searcher never switched to an adapter"
+
+
+def test_the_runs_evaluations_read_the_adapters(run: dict) -> None:
+    evals = [json.loads(line) for line in (run["dir"] / "evals.jsonl").read_text().splitlines()]
+    assert any(e["version"] > 0 for e in evals), evals
+    assert run["summary"]["accuracy_end"] is not None
+
+
+def test_nothing_left_running(run: dict) -> None:
+    _nothing_left_running(run)
