@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from services.trainer.distributed import ONE_PROCESS, Ranks, full_state, load_optimizer_state
 from tba.checkpoints import TRAINER_STATE_DIR, CheckpointError, CheckpointStore, announce, content_hash
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer.pt"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, I/O error): an OSError whatever the serializer raised."""
 
 
 @dataclass
@@ -65,6 +70,9 @@ def save_checkpoint(store: CheckpointStore, model, tokenizer, optimizer, schedul
                 model.generation_config.save_pretrained(tmp)
         _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer_state, scheduler, state)
         return store.commit(tmp, version=state.step, step=state.step)
+    except (RuntimeError, SafetensorError) as err:  # how torch.save and safetensors report a failed write
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"could not write {tmp}: {err}") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

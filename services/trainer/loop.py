@@ -44,6 +44,7 @@ from tba.schemas import SampledBatch, SampleRequest
 from tba.settings import SettingsError, TrainerSettings
 
 log = logging.getLogger(__name__)
+PUBLISH_RETRY_SECONDS = 5.0  # sync mode: how often a failed checkpoint write is retried while waiting
 
 
 class Trainer:
@@ -65,6 +66,7 @@ class Trainer:
         self.health: HealthServer | None = None
         self.ranks = Ranks.from_env()  # under torchrun: rank 0 runs this loop, the others follow it (follow())
         self._started = time.monotonic()
+        self._retry_at = 0.0  # sync mode: when a failed publish is tried again
         self._seconds_before = 0.0  # run time of the processes this run resumed from
 
     def run_seconds(self) -> float:
@@ -196,8 +198,7 @@ class Trainer:
                 self.wait_for_warmup()
             while not self.done():
                 batch, wait_s = self.fetch()
-                self.train_on(batch, wait_s)
-                if self.step % self.k == 0:
+                if self.train_on(batch, wait_s) and self.step % self.k == 0:
                     self.publish()
         except StopRequested:
             log.info("stopping: saving and exiting")
@@ -273,17 +274,23 @@ class Trainer:
                 self.metrics.add_wait(wait_s)
                 return batch, wait_s
             self.metrics.set_state("waiting")
+            if self.settings.mode == "sync" and self.published < self.step and time.monotonic() >= self._retry_at:
+                # Sync mode waits for samples of version `step`, which searchers generate only once its
+                # checkpoint is out: a publish that failed (disk full) is retried here, or nothing comes.
+                self._retry_at = time.monotonic() + PUBLISH_RETRY_SECONDS
+                self.publish()
             if self.stop.wait(self.settings.poll_seconds) or self.budget_spent():
                 raise StopRequested
 
-    def train_on(self, batch: SampledBatch, wait_s: float) -> None:
+    def train_on(self, batch: SampledBatch, wait_s: float) -> bool:
+        """One optimizer step on the batch's valid groups; False (no step) when none is valid."""
         rows, problems = rows_from_batch(batch, self.vocab_size, self.max_length)
         for problem in problems:
             log.warning("dropped from the batch: %s", problem)
         self.metrics.dropped_groups.inc(len(problems))
         if not rows:
             log.warning("the whole batch was invalid; sampling again")
-            return
+            return False
         self.metrics.set_state("training")
         beta = self.beta_schedule(self.step + 1)
         self.ranks.broadcast(("step", rows, beta))
@@ -293,6 +300,7 @@ class Trainer:
         self.samples_seen += result.samples
         self.tokens_seen += result.tokens
         self.metrics.record(self.step, beta, result, wait_s)
+        return True
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def publish(self, final: bool = False) -> None:
@@ -314,8 +322,9 @@ class Trainer:
         except OSError as err:
             if final:
                 raise
-            log.error("could not write checkpoint v%d (%s); training goes on, next try in %d steps",
-                      self.step, err, self.k)
+            then = (f"retrying every {PUBLISH_RETRY_SECONDS:.0f} s (sync mode: the searchers need it)"
+                    if s.mode == "sync" else f"training goes on, next try in {self.k} steps")
+            log.error("could not write checkpoint v%d (%s); %s", self.step, err, then)
             return
         self.published = manifest.version
         self.metrics.set_version(manifest.version)

@@ -466,3 +466,73 @@ def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == stopped_at.version and newest + 1 in steps
     assert not any(Path(f"/proc/{pid}").exists() for pid in ranks.values()), "no rank outlives the launcher"
+
+
+def test_a_batch_with_no_valid_group_takes_no_step_and_publishes_nothing(redis_server, buffer, tiny_model, tmp_path,
+                                                                          group_pool):
+    """Every group's ids outside the vocabulary: the trainer drops them, samples again, does not crash (it used to
+    publish the same step twice: CheckpointError), then trains once valid groups arrive."""
+    buffer.start()
+    r = redis_server.client()
+    bad = [g.model_copy(update={"prompt_id": f"bad-{g.prompt_id}", "samples": [
+        s.model_copy(update={"completion_ids": [10_000 + i, 10_001]}) for i, s in enumerate(g.samples)]})
+        for g in group_pool[:6]]
+    publish_groups(r, bad, version=0)
+    s = settings_for(redis_server, buffer, tiny_model, tmp_path, checkpoint_every=1, max_steps=2, warmup_samples=8)
+    trainer = Trainer(s)
+    thread, codes = run_in_thread(trainer)
+    try:
+        wait_for(lambda: trainer.metrics.dropped_groups._value.get() >= 6, 60, "whole batches dropped")
+        assert thread.is_alive() and trainer.step == 0 and not CheckpointStore(s.checkpoint_dir).versions()
+        publish_groups(r, group_pool[:6], version=0)
+        thread.join(120)
+    finally:
+        trainer.stop.set()
+        thread.join(30)
+    assert codes == [0] and trainer.step == 2
+    assert CheckpointStore(s.checkpoint_dir).versions() == [1, 2]
+
+
+def test_sync_mode_retries_a_failed_checkpoint_write_instead_of_waiting_forever(
+        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    """Sync mode waits for samples of the version it publishes: with the first write failing (files capped at
+    1 MB: EFBIG), the trainer retries it while waiting, and once writes work again the run goes on."""
+    import resource
+
+    buffer.start()
+    r = redis_server.client()
+    publish_groups(r, group_pool[:6], version=0)
+    stop = threading.Event()
+
+    def searcher() -> None:  # publishes groups of each announced version, as searchers do
+        pubsub = redis_server.client().pubsub()
+        pubsub.subscribe(Keys(NS).checkpoint_channel)
+        while not stop.is_set():
+            msg = pubsub.get_message(timeout=0.2)
+            if msg and msg["type"] == "message":
+                v = parse_manifest(msg["data"]).version
+                publish_groups(r, group_pool[v % 2 * 6: v % 2 * 6 + 6], version=v)
+
+    helper = threading.Thread(target=searcher, daemon=True)
+    helper.start()
+    s = settings_for(redis_server, buffer, tiny_model, tmp_path, mode="sync", max_steps=2, recency_prob=0.0,
+                     warmup_samples=8)
+    trainer = Trainer(s)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))  # Python ignores SIGXFSZ: big writes fail
+    thread, codes = run_in_thread(trainer)
+    try:
+        wait_for(lambda: trainer.step == 1, 60, "the first step")
+        time.sleep(2 * 0.05 + 1.0)
+        assert trainer.published == 0 and thread.is_alive(), "the write must have failed"
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    try:
+        thread.join(120)
+    finally:
+        trainer.stop.set()
+        stop.set()
+        thread.join(30)
+        helper.join(5)
+    assert codes == [0] and trainer.step == 2 and trainer.published == 2
+    assert CheckpointStore(s.checkpoint_dir).versions() == [1, 2]
