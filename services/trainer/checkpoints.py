@@ -63,16 +63,16 @@ def save_checkpoint(store: CheckpointStore, model, tokenizer, optimizer, schedul
         model_state, optimizer_state = full_state(model, optimizer, ONE_PROCESS)
     tmp = store.new_tmp_dir()
     try:
-        model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
-        if not is_adapter(tmp):  # an adapter is served on the base, with the base's tokenizer
-            tokenizer.save_pretrained(tmp)
-            if getattr(model, "generation_config", None) is not None:
-                model.generation_config.save_pretrained(tmp)
-        _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer_state, scheduler, state)
+        try:
+            model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
+            if not is_adapter(tmp):  # an adapter is served on the base, with the base's tokenizer
+                tokenizer.save_pretrained(tmp)
+                if getattr(model, "generation_config", None) is not None:
+                    model.generation_config.save_pretrained(tmp)
+            _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer_state, scheduler, state)
+        except (RuntimeError, SafetensorError) as err:  # how torch.save and safetensors report a failed write
+            raise CheckpointWriteError(f"could not write {tmp}: {err}") from err
         return store.commit(tmp, version=state.step, step=state.step)
-    except (RuntimeError, SafetensorError) as err:  # how torch.save and safetensors report a failed write
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointWriteError(f"could not write {tmp}: {err}") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

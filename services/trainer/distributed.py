@@ -19,13 +19,14 @@ Who does what:
   the number of ranks, which FSDP's reduction (a mean over ranks) divides out again: the update is
   the one-process update on the whole batch, up to the order of floating-point additions.
 * FSDP gathers each layer's weights in every forward and backward, so all ranks must run the same
-  number of micro-batches: a rank with fewer runs forwards weighted zero (:func:`equalised`).
+  number of micro-batches: a rank with fewer runs forwards weighted zero (``Learner.accumulate``).
 * A checkpoint is gathered into one full state dict on rank 0 (the same Hugging Face directory a
   single process writes) with the optimizer state keyed by parameter name, so a run can resume on any
   number of ranks.
 
-A rank that dies breaks the others' next collective; ``torchrun`` then stops the whole group, and with
-``--max-restarts`` starts it again, and every rank resumes from the newest checkpoint.
+A rank that dies breaks the others' next collective; ``torchrun`` then stops the whole group and exits
+non-zero, and whatever restarts the trainer (:func:`launcher`) starts it again: every rank resumes from
+the newest checkpoint.
 """
 
 from __future__ import annotations
