@@ -92,6 +92,12 @@ class ScoredSample(_Strict):
         return self
 
 
+# The largest policy version on the wire: the buffer keeps (version, arrival) in one sorted-set score that a
+# double must hold exactly (services/buffer/scripts.py), which leaves versions below 2**21 (two million steps).
+MAX_VERSION = 2**21 - 1
+INT64 = 2**63  # seeds: what msgpack and numpy carry
+
+
 class ScoredGroup(_Versioned):
     """All completions one searcher drew for one prompt with one policy version."""
 
@@ -101,7 +107,8 @@ class ScoredGroup(_Versioned):
     prompt_text: str = Field(description="Prompt as text.")
     prompt_ids: TokenIds = Field(min_length=1, description="Prompt token ids, exactly as the policy saw them.")
     task: str = Field(min_length=1, description="Task name the prompt and reward come from.")
-    policy_version: int = Field(ge=0, description="Trainer version of the weights that generated the samples.")
+    policy_version: int = Field(ge=0, le=MAX_VERSION,
+                                description="Trainer version of the weights that generated the samples.")
     searcher_id: str = Field(min_length=1, description="Searcher replica that produced the group.")
     created_at: float = Field(default_factory=time.time, description="Unix time of creation.")
     samples: list[ScoredSample] = Field(min_length=1, description="The scored completions (at least one).")
@@ -114,11 +121,14 @@ class SampleRequest(_Strict):
     samples_per_prompt: int = Field(ge=1, le=4096, description="K: samples per prompt.")
     recency_prob: float = Field(0.5, ge=0.0, le=1.0, description="m: probability of the recency branch per slot.")
     reward_inv_temp: float = Field(0.0, ge=0.0, le=1e6, description="Inverse temperature of the reward softmax.")
-    trainer_version: int = Field(ge=0, description="The caller's policy version, to compute staleness.")
-    recent_versions: int = Field(1, ge=1, description="Versions counted as 'since the last sync' (recency).")
-    max_staleness: int | None = Field(None, ge=0, description="Drop samples older than this many versions.")
-    only_version: int | None = Field(None, ge=0, description="Serve only samples of this exact version (sync mode).")
-    seed: int | None = Field(None, description="Seed for a reproducible draw (tests).")
+    trainer_version: int = Field(ge=0, le=MAX_VERSION, description="The caller's policy version, to compute staleness.")
+    recent_versions: int = Field(1, ge=1, le=MAX_VERSION,
+                                 description="Versions counted as 'since the last sync' (recency).")
+    max_staleness: int | None = Field(None, ge=0, le=MAX_VERSION,
+                                      description="Drop samples older than this many versions.")
+    only_version: int | None = Field(None, ge=0, le=MAX_VERSION,
+                                     description="Serve only samples of this exact version (sync mode).")
+    seed: int | None = Field(None, ge=-INT64, lt=INT64, description="Seed for a reproducible draw (tests).")
 
 
 class SampledSample(_Strict):
@@ -150,8 +160,8 @@ class SampledBatch(_Versioned):
 class CheckpointManifest(_Versioned):
     """What the trainer announces; readers trust a checkpoint only through it."""
 
-    version: int = Field(ge=0, description="Policy version the weights carry (trainer step).")
-    step: int = Field(ge=0, description="Optimizer step at which the checkpoint was taken.")
+    version: int = Field(ge=0, le=MAX_VERSION, description="Policy version the weights carry (trainer step).")
+    step: int = Field(ge=0, le=MAX_VERSION, description="Optimizer step at which the checkpoint was taken.")
     path: str = Field(min_length=1, description="Checkpoint directory, relative to the checkpoint root.")
     content_hash: str = Field(min_length=64, max_length=64, description="sha256 over the directory's files.")
     created_at: float = Field(default_factory=time.time)

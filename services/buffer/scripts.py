@@ -57,9 +57,9 @@ All counters are in samples unless named ``groups_*``/``dead_letters``; they obe
 from __future__ import annotations
 
 # 2**32: the version sits above a 32-bit arrival counter; versions stay below 2**21
-# so that every score is an integer a double holds exactly (< 2**53).
+# (tba.schemas.MAX_VERSION, enforced on every message) so that every score is an integer
+# a double holds exactly (< 2**53).
 VERSION_SHIFT = 4294967296
-MAX_VERSION = 2**21 - 1
 
 _COMMON = """
 local SHIFT = 4294967296

@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.buffer import scripts
-from tba.codec import PayloadError, pack
+from tba.codec import pack
 from tba.keys import Keys
 from tba.schemas import ScoredGroup
 from tba.settings import BufferSettings
@@ -186,13 +186,6 @@ class BufferStore:
         return [self.keys.prompt_key(prompt_id, "meta")]
 
     # --- writes ---
-    @staticmethod
-    def check(group: ScoredGroup) -> None:
-        """Raise PayloadError for a group the layout cannot hold."""
-        if group.policy_version > scripts.MAX_VERSION:
-            raise PayloadError(f"policy_version: {group.policy_version} is beyond the largest "
-                               f"supported version {scripts.MAX_VERSION}")
-
     def _prompt_args(self, group: ScoredGroup, seq0: int, now: float) -> list[Any]:
         """ARGV of the prompt script's write (the group already passed :meth:`check`)."""
         args: list[Any] = [
@@ -215,7 +208,6 @@ class BufferStore:
     async def write_group(self, group: ScoredGroup) -> WriteResult:
         """Store one group that did not come from the stream (HTTP): intent, prompt step, global step,
         then the global capacity. Idempotent by group id."""
-        self.check(group)  # before anything is written
         n, now, token = len(group.samples), time.time(), uuid.uuid4().hex
         intent = pack({"kind": "g", "p": group.prompt_id, "id": group.group_id, "n": n, "label": _label(group),
                        "at": now})

@@ -124,7 +124,7 @@ def test_invalid_groups_are_refused_whole_and_nothing_is_stored(make_client) -> 
         "policy_version": {**good, "policy_version": -1},
         "samples: List should have at least 1": {**good, "samples": []},
         "extra_field": {**good, "extra_field": 1},
-        "beyond the largest supported version": {**good, "policy_version": 2**22},
+        "policy_version: Input should be less than or equal to 2097151": {**good, "policy_version": 2**22},
         "prompt_ids: Value error, token id at position 0 is negative": {**good, "prompt_ids": [-3]},
     }
     for needle, obj in cases.items():
@@ -144,7 +144,13 @@ def test_invalid_sample_requests_name_the_field(make_client) -> None:
                         ({"num_prompts": 1, "samples_per_prompt": 1}, "trainer_version"),
                         ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "recency_prob": 2},
                          "recency_prob"),
-                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "bogus": 1}, "bogus")):
+                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "bogus": 1}, "bogus"),
+                        # beyond what the wire and the buffer's scores carry: 422, not a 500 when encoding
+                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 2**64}, "trainer_version"),
+                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "only_version": 2**21},
+                         "only_version"),
+                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "seed": 2**63},
+                         "seed")):
         r = client.post("/v1/sample", json=body)
         assert r.status_code == 422 and field in error_of(r)["message"], r.text
 

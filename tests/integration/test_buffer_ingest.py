@@ -87,11 +87,11 @@ async def test_bad_entries_are_dead_lettered_with_reason_and_never_block(make_in
     bad_schema = good.model_dump()
     bad_schema["samples"] = [dict(bad_schema["samples"][0], reward=math.nan)] * 2
     bad_schema["group_id"] = "bad"
-    future = make_group("future", version=2**21, rewards=[0.0])
+    future = dict(make_group("future", rewards=[0.0]).model_dump(), policy_version=2**21)
     sync.xadd(K.trajectories, {STREAM_FIELD: b"\xc1 not msgpack"})
     sync.xadd(K.trajectories, {"wrong-field": b"x"})
     sync.xadd(K.trajectories, {STREAM_FIELD: pack(bad_schema)})
-    sync.xadd(K.trajectories, {STREAM_FIELD: encode(future)})
+    sync.xadd(K.trajectories, {STREAM_FIELD: pack(future)})
     sync.xadd(K.trajectories, {STREAM_FIELD: b"x" * (ing.settings.max_payload_bytes + 1)})
     xadd_groups(sync, [good])
     await drain(ing)
@@ -101,7 +101,7 @@ async def test_bad_entries_are_dead_lettered_with_reason_and_never_block(make_in
     assert "not valid msgpack" in reasons[0]
     assert "no field 'g'" in reasons[1]
     assert "samples.0.reward" in reasons[2] and "finite" in reasons[2]
-    assert "beyond the largest supported version" in reasons[3]
+    assert "policy_version" in reasons[3] and "less than or equal to 2097151" in reasons[3]
     assert "over the limit" in reasons[4]
     assert len(letters[4][1][b"payload"]) == ing.settings.dead_letter_payload_bytes  # truncated copy kept
     assert sync.xpending(K.trajectories, K.ingest_group)["pending"] == 0

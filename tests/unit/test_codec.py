@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tba.codec import PayloadError, decode, encode, pack
-from tba.schemas import SampledBatch, SampledGroup, SampledSample, ScoredGroup, ScoredSample
+from tba.schemas import MAX_VERSION, SampledBatch, SampledGroup, SampledSample, ScoredGroup, ScoredSample
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 ids = st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=24)
@@ -29,7 +29,7 @@ def scored_samples(draw) -> ScoredSample:
 scored_groups = st.builds(
     ScoredGroup,
     prompt_id=st.text(min_size=1, max_size=30), prompt_text=text, prompt_ids=ids,
-    task=st.text(min_size=1, max_size=12), policy_version=st.integers(0, 2**40),
+    task=st.text(min_size=1, max_size=12), policy_version=st.integers(0, MAX_VERSION),
     searcher_id=st.text(min_size=1, max_size=12), created_at=finite,
     samples=st.lists(scored_samples(), min_size=1, max_size=5),
 )
