@@ -52,11 +52,8 @@ class QuietWorker:
     """The extension class vLLM mixes into its worker (every platform): importing the module applies the spin
     window above; its methods are called through ``collective_rpc``."""
 
-    def reload_in_place(self, weights_path: str) -> str:
+    def reload_in_place(self, weights_path: str) -> None:
         """vLLM's in-place reload of ``weights_path``, then a tied output layer brought onto the new weights.
-
-        Returns how the output layer was handled: ``"untied"``, ``"shared"`` (it now uses the kernel the
-        reload built for the embeddings) or ``"repacked"``.
 
         On CPU hosts vLLM packs each matrix for its GEMM kernels when weights are loaded (a layer's packed
         copy lives in its ``cpu_linear``). Its in-place reload (0.32) re-processes every layer that loaded
@@ -73,13 +70,12 @@ class QuietWorker:
         self.reload_weights(weights_path=weights_path)
         method = getattr(head, "quant_method", None)
         if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or method is None:
-            return "untied"
+            return
         after = getattr(embed, "cpu_linear", None)
         if after is not None and after is not before and head.weight is embed.weight:
-            head.cpu_linear = after
-            return "shared"
-        method.process_weights_after_loading(head)
-        return "repacked"
+            head.cpu_linear = after  # the kernel the reload just packed from the shared tensor
+        else:
+            method.process_weights_after_loading(head)
 
     def spin_window(self) -> float | None:
         """The busy-loop window this worker's queues use (``collective_rpc("spin_window")``)."""

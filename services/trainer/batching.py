@@ -92,12 +92,17 @@ def _check_group(group, prompt_ids: tuple[int, ...], vocab_size: int, max_length
     return None
 
 
-def plan_micro_batches(rows: list[Row], token_budget: int) -> list[MicroBatch]:
-    """Pack whole prompts, longest first, into micro-batches of at most ``token_budget`` padded tokens."""
+def group_by_prompt(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
+    """The batch's rows per prompt (a TB group), in first-seen order."""
     by_prompt: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         by_prompt.setdefault(row.prompt_key, []).append(row)
-    units = sorted(by_prompt.values(), key=lambda u: max(r.length for r in u), reverse=True)
+    return by_prompt
+
+
+def plan_micro_batches(rows: list[Row], token_budget: int) -> list[MicroBatch]:
+    """Pack whole prompts, longest first, into micro-batches of at most ``token_budget`` padded tokens."""
+    units = sorted(group_by_prompt(rows).values(), key=lambda u: max(r.length for r in u), reverse=True)
     plans: list[list[list[Row]]] = []
     n_rows, longest = 0, 0
     for unit in units:

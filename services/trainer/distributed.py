@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from services.trainer.batching import Row
+from services.trainer.batching import Row, group_by_prompt
 
 log = logging.getLogger(__name__)
 # The longest a rank waits for the others, rank 0's waits for the buffer included. A rank that dies is noticed
@@ -148,15 +148,13 @@ def die_with_parent() -> None:
 def split_by_prompt(rows: list[Row], world: int) -> list[list[Row]]:
     """The batch's rows in ``world`` shares of whole prompts, balanced by tokens (largest prompt first, each to
     the lightest share). Deterministic: every rank computes the same split from the same batch."""
-    by_prompt: dict[tuple[str, str], list[Row]] = {}
-    for row in rows:
-        by_prompt.setdefault(row.prompt_key, []).append(row)
+    tokens = {key: (sum(r.length for r in group), group) for key, group in group_by_prompt(rows).items()}
     shares: list[list[Row]] = [[] for _ in range(world)]
     loads = [0] * world
-    for key in sorted(by_prompt, key=lambda k: (-sum(r.length for r in by_prompt[k]), k)):
+    for key in sorted(tokens, key=lambda k: (-tokens[k][0], k)):
         i = loads.index(min(loads))
-        shares[i].extend(by_prompt[key])
-        loads[i] += sum(r.length for r in by_prompt[key])
+        shares[i].extend(tokens[key][1])
+        loads[i] += tokens[key][0]
     return shares
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.trainer.batching import Row, plan_micro_batches, staleness_histogram
+from services.trainer.batching import MicroBatch, Row, plan_micro_batches, staleness_histogram
 from services.trainer.distributed import ONE_PROCESS, Ranks, split_by_prompt
 from services.trainer.losses import LossFn, LossInput
 from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs, takes_tree_mask
@@ -66,17 +66,15 @@ class Learner:
         # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.
         self.logprobs = shared_prefix_logprobs if prefix_sharing and takes_tree_mask(model) else sequence_logprobs
 
-    def accumulate(self, rows: list[Row], beta: float, denom: int | None = None,
-                   micro_batches: int | None = None) -> tuple[dict[str, float], int, int]:
+    def accumulate(self, micro: list[MicroBatch], beta: float, denom: int,
+                   at_least: int = 0) -> tuple[dict[str, float], int, int]:
         """Forward and backward every micro-batch; gradients add up to those of the whole batch.
 
-        ``denom``: the whole batch's sample count when ``rows`` are one rank's share of it; ``micro_batches``:
-        how many forwards to run at least (the other ranks' most), the extra ones on a filler row weighted
-        zero, so that every rank takes part in every gather of the sharded weights."""
-        denom = denom or len(rows)
+        ``denom``: the whole batch's sample count (under torchrun ``micro`` holds one rank's share of it);
+        ``at_least``: how many forwards to run (the other ranks' most), the extra ones on a filler row
+        weighted zero, so that every rank takes part in every gather of the sharded weights."""
         totals: dict[str, float] = defaultdict(float)
-        micro = plan_micro_batches(rows, self.token_budget)
-        tokens = 0
+        tokens = prompts = 0
         for mb in micro:
             with autocast(self.device, self.compute_dtype):
                 log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id)
@@ -87,12 +85,13 @@ class Learner:
             for k, v in out.metrics.items():
                 totals[k] += v
             tokens += mb.tokens
-        for _ in range(len(micro), micro_batches or 0):
+            prompts += x.num_prompts  # whole prompts in each micro-batch
+        for _ in range(len(micro), at_least):
             with autocast(self.device, self.compute_dtype):
                 filler = self.logprobs(self.model, [[self.pad_id]], [[self.pad_id]], self.temperature, self.pad_id)
             (filler.float().sum() * 0.0).backward()
-        totals["prompts"] = float(len({r.prompt_key for r in rows}))
-        return dict(totals), tokens, max(len(micro), micro_batches or 0)
+        totals["prompts"] = float(prompts)
+        return dict(totals), tokens, max(len(micro), at_least)
 
     def step(self, rows: list[Row], beta: float) -> StepResult:
         """Take one optimizer step on ``rows`` (complete prompts) with KL coefficient ``beta``.
@@ -104,12 +103,11 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ranks.distributed:
-            mine = split_by_prompt(rows, self.ranks.world)[self.ranks.rank]
-            most = max(self.ranks.all_gather(len(plan_micro_batches(mine, self.token_budget))))
-            local = self.accumulate(mine, beta, denom=len(rows), micro_batches=most)
-            metrics, tokens, n_micro = _summed(self.ranks.all_gather(local))
+            micro = plan_micro_batches(split_by_prompt(rows, self.ranks.world)[self.ranks.rank], self.token_budget)
+            most = max(self.ranks.all_gather(len(micro)))
+            metrics, tokens, n_micro = _summed(self.ranks.all_gather(self.accumulate(micro, beta, len(rows), most)))
         else:
-            metrics, tokens, n_micro = self.accumulate(rows, beta)
+            metrics, tokens, n_micro = self.accumulate(plan_micro_batches(rows, self.token_budget), beta, len(rows))
         grad_norm = self._clip_gradients()
         lr = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(grad_norm):

@@ -97,7 +97,7 @@ def grads_after_accumulate(model, rows, budget: int, loss: str = "tb", prefix_sh
     learner = Learner(model, optimizer, scheduler, make_loss(loss), temperature=0.7, pad_id=0,
                       token_budget=budget, grad_clip=None, prefix_sharing=prefix_sharing)
     model.zero_grad(set_to_none=True)
-    learner.accumulate(rows, beta=0.1)
+    learner.accumulate(plan_micro_batches(rows, budget), beta=0.1, denom=len(rows))
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
