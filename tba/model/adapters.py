@@ -40,8 +40,9 @@ def read_adapter_config(directory: str | Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise AdapterError(f"{path}: not a readable adapter config ({err})") from err
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        raise AdapterError(f"{path}: not a LoRA adapter (peft_type {config.get('peft_type')!r})")
+    kind = config.get("peft_type") if isinstance(config, dict) else None
+    if kind != "LORA":
+        raise AdapterError(f"{path}: not a LoRA adapter (peft_type {kind!r})")
     return config
 
 

@@ -170,6 +170,17 @@ def test_tba_model_merge_writes_a_full_model_that_loads_as_is(tiny_model: Path, 
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.parametrize(("text", "needle"), [("[1, 2]", "peft_type None"), ('{"peft_type": "IA3"}', "'IA3'"),
+                                              ("{not json", "not a readable adapter config")])
+def test_an_adapter_config_that_is_not_lora_is_refused_with_the_reason(tmp_path: Path, text: str,
+                                                                       needle: str) -> None:
+    from tba.model.adapters import read_adapter_config
+
+    (tmp_path / ADAPTER_CONFIG).write_text(text)
+    with pytest.raises(AdapterError, match=needle):
+        read_adapter_config(tmp_path)
+
+
 def test_vllm_adapter_slots() -> None:
     assert [vllm_max_rank(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
     with pytest.raises(AdapterError, match="above vLLM's largest"):
