@@ -1,0 +1,63 @@
+"""RELIABILITY.md, assembled from sections: each suite (chaos, fuzz, soak, security) rewrites its own.
+
+A section lives between ``<!-- section: NAME -->`` and ``<!-- /section: NAME -->``; writing one
+leaves every other section as the last run of its suite left it, so the file always shows the
+newest figures of each suite with the command and date that produced them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+REPORT = Path(__file__).resolve().parent.parent / "RELIABILITY.md"
+ORDER = ("chaos", "fuzz", "soak", "security")
+HEADER = """# Reliability
+
+What the reliability suite tried against the real system (real Redis, real vLLM CPU build, real
+checkpoints), how many times, and what came of it. Each section is rewritten by its own target:
+`make chaos`, `make fuzz`, `make soak`, `make security`; the test suite runs a short form of each and
+asserts the same pass criteria, without touching this file.
+"""
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- section: {name} -->", f"<!-- /section: {name} -->"
+
+
+def read_sections(path: Path = REPORT) -> dict[str, str]:
+    """The sections the file holds now, by name (their text without the markers)."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    found = re.findall(r"<!-- section: (\w+) -->\n(.*?)<!-- /section: \1 -->", text, flags=re.S)
+    return {name: body for name, body in found}
+
+
+def write_section(name: str, body: str, command: str, path: Path = REPORT) -> Path:
+    """Replace section ``name`` with ``body`` (markdown), stamped with the command and the machine."""
+    if name not in ORDER:
+        raise ValueError(f"unknown section {name!r}; known: {', '.join(ORDER)}")
+    stamp = (f"_`{command}` on {time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.machine()}, "
+             f"{os.cpu_count()} CPUs._\n\n")
+    sections = read_sections(path)
+    sections[name] = stamp + body.strip() + "\n"
+    parts = [HEADER]
+    for key in ORDER:
+        if key in sections:
+            start, end = _markers(key)
+            parts.append(f"{start}\n{sections[key]}{end}\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(parts))
+    tmp.replace(path)
+    return path
+
+
+def table(header: list[str], rows: list[list[object]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
