@@ -64,6 +64,8 @@ def decode(
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes}")
     try:
         obj = json.loads(data) if fmt == "json" else unpack(data)
+    except RecursionError:  # json nests by recursion; msgpack's own limit is a StackError
+        raise PayloadError(f"not valid {fmt}: nested too deeply") from None
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as err:
         raise PayloadError(f"not valid {fmt}: {err}") from None
     if not isinstance(obj, dict):

@@ -12,7 +12,6 @@ validation context: ``ScoredGroup.model_validate(obj, context={"vocab_size": V})
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from typing import Annotated, Literal
@@ -31,33 +30,38 @@ SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
 
 
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError(f"must be a finite number, got {value!r}")
-    return value
+# Bounds of the numbers on the wire: every value, and every sum the buffer and the loss form of them
+# (a buffer's reward sum over 2**32 samples, a batch's squared TB residuals), stays finite in a double
+# and in float32. Task rewards are O(1); a summed log-prob of a long completion at a low temperature can
+# reach ~-1e7; token ids are int32 in every tokenizer and embedding table.
+MAX_ABS_REWARD = 1e6
+MAX_ABS_LOGPROB = 1e9
+MAX_TOKEN_ID = 2**31 - 1
 
 
-FiniteFloat = Annotated[float, AfterValidator(_finite)]
+Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD, allow_inf_nan=False)]
+LogProb = Annotated[float, Field(ge=-MAX_ABS_LOGPROB, le=MAX_ABS_LOGPROB, allow_inf_nan=False)]
 FinishReason = Literal["stop", "length", "abort"]
 
 
-def _check_token_ids(ids: list[int], info: ValidationInfo) -> list[int]:
+def _check_vocabulary(ids: list[int], info: ValidationInfo) -> list[int]:
     vocab_size = (info.context or {}).get("vocab_size")
-    for i, tok in enumerate(ids):
-        if tok < 0:
-            raise ValueError(f"token id at position {i} is negative ({tok})")
-        if vocab_size is not None and tok >= vocab_size:
-            raise ValueError(f"token id at position {i} is {tok}, beyond the vocabulary size {vocab_size}")
+    if vocab_size is not None:
+        for i, tok in enumerate(ids):
+            if tok >= vocab_size:
+                raise ValueError(f"token id at position {i} is {tok}, beyond the vocabulary size {vocab_size}")
     return ids
 
 
-TokenIds = Annotated[list[int], AfterValidator(_check_token_ids)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], AfterValidator(_check_vocabulary)]
 
 
 class _Strict(BaseModel):
-    """Unknown fields are errors: a typo on the wire must not pass silently."""
+    """Unknown fields are errors and nothing is coerced (``false`` is no seed, ``"3"`` no count): a typo
+    on the wire must not pass silently. Integers are still accepted where a float is declared."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=False, strict=True)
 
 
 class _Versioned(_Strict):
@@ -76,11 +80,11 @@ class ScoredSample(_Strict):
 
     completion_ids: TokenIds = Field(min_length=1, description="Completion token ids (EOS included if emitted).")
     completion_text: str = Field("", description="Decoded completion, for humans and rewards.")
-    reward: FiniteFloat = Field(description="Task reward r(x, y).")
-    logprob_sum: FiniteFloat = Field(description="Behaviour policy log-prob sum, tempered logits.")
-    ref_logprob_sum: FiniteFloat = Field(description="Reference model log-prob sum, tempered logits.")
+    reward: Reward = Field(description=f"Task reward r(x, y), within ±{MAX_ABS_REWARD:g}.")
+    logprob_sum: LogProb = Field(description="Behaviour policy log-prob sum, tempered logits.")
+    ref_logprob_sum: LogProb = Field(description="Reference model log-prob sum, tempered logits.")
     finish_reason: FinishReason = Field("stop", description="Why generation ended.")
-    token_logprobs: list[FiniteFloat] | None = Field(None, description="Per-token behaviour log-probs, if asked.")
+    token_logprobs: list[LogProb] | None = Field(None, description="Per-token behaviour log-probs, if asked.")
 
     @model_validator(mode="after")
     def _lengths_match(self) -> ScoredSample:
@@ -106,11 +110,12 @@ class ScoredGroup(_Versioned):
     prompt_id: str = Field(min_length=1, max_length=256, description="Stable id of the prompt within its task.")
     prompt_text: str = Field(description="Prompt as text.")
     prompt_ids: TokenIds = Field(min_length=1, description="Prompt token ids, exactly as the policy saw them.")
-    task: str = Field(min_length=1, description="Task name the prompt and reward come from.")
+    task: str = Field(min_length=1, max_length=256, description="Task name the prompt and reward come from.")
     policy_version: int = Field(ge=0, le=MAX_VERSION,
                                 description="Trainer version of the weights that generated the samples.")
-    searcher_id: str = Field(min_length=1, description="Searcher replica that produced the group.")
-    created_at: float = Field(default_factory=time.time, description="Unix time of creation.")
+    searcher_id: str = Field(min_length=1, max_length=256, description="Searcher replica that produced the group.")
+    created_at: float = Field(default_factory=time.time, ge=0, allow_inf_nan=False,
+                              description="Unix time of creation.")
     samples: list[ScoredSample] = Field(min_length=1, description="The scored completions (at least one).")
 
 

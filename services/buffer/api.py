@@ -26,11 +26,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         415: "Content-Type neither msgpack nor JSON", 422: "Body fails schema validation",
         503: "Redis unavailable"}.items()
 }
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+_TEXT = {"text/plain": {"schema": {"type": "string"}}}
+
+
 def _body_doc(name: str) -> dict[str, Any]:
     """OpenAPI for a body read by hand: msgpack (binary) or JSON of the named schema."""
     return {"requestBody": {"required": True, "content": {
-        MSGPACK_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
-        JSON_MEDIA_TYPE: {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+        MSGPACK_MEDIA_TYPE: _BINARY, JSON_MEDIA_TYPE: {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
 class GroupAccepted(BaseModel):
@@ -44,7 +47,9 @@ class GroupAccepted(BaseModel):
 
 
 @router.post("/v1/sample", dependencies=[Depends(require_token)], response_model=SampledBatch,
-             responses={**_ERRORS, 409: {"model": ErrorResponse, "description": "Not enough eligible prompts yet"}},
+             responses={**_ERRORS, 409: {"model": ErrorResponse, "description": "Not enough eligible prompts yet"},
+                        200: {"description": "The batch: msgpack, or JSON when asked for",
+                              "content": {MSGPACK_MEDIA_TYPE: _BINARY}}},
              openapi_extra=_body_doc("SampleRequest"),
              summary="Draw P prompts x K samples by the recency/reward rule (msgpack unless Accept: JSON)")
 async def sample(request: Request) -> Response:
@@ -92,13 +97,14 @@ async def healthz() -> str:
 
 
 @router.get("/readyz", response_class=PlainTextResponse, summary="Redis reachable and configured not to evict keys",
-            responses={503: {"description": "Not ready, with the reason"}})
+            responses={503: {"description": "Not ready, with the reason", "content": _TEXT}})
 async def readyz(request: Request) -> PlainTextResponse:
     ok, reason = await request.app.state.readiness()
     return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics")
+@router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format", "content": _TEXT}})
 async def metrics(request: Request) -> Response:
     state = request.app.state
     return Response(state.metrics.render(await state.store.stats()), media_type=CONTENT_TYPE_LATEST)

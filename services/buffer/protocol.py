@@ -8,15 +8,18 @@ malformed body into an :class:`ApiError` with a reason.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from services.buffer.errors import ApiError
 from tba.codec import JSON_MEDIA_TYPE, MSGPACK_MEDIA_TYPE, PayloadError, decode, pack
 
+log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 _MSGPACK_TYPES = (MSGPACK_MEDIA_TYPE, "application/x-msgpack", "application/vnd.msgpack")
 
@@ -27,11 +30,17 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, "payload_too_large", f"body is {declared} bytes, over the limit of {max_bytes}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise ApiError(413, "payload_too_large", f"body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise ApiError(413, "payload_too_large", f"body exceeds the limit of {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client's business, not a fault of ours: one line, no traceback
+        client = request.client.host if request.client else "?"
+        log.info("%s %s: the client (%s) went away after %d bytes of the body", request.method,
+                 request.url.path, client, size)
+        raise ApiError(400, "client_disconnected", f"the client went away after {size} bytes of the body") from None
     return b"".join(chunks)
 
 

@@ -263,11 +263,11 @@ local function flush_counts()
     if c ~= 0 then redis.call('HINCRBY', stats, name, c) end
   end
   local samples = redis.call('HINCRBY', stats, 'samples', total)
-  if samples <= 0 then
-    redis.call('HSET', stats, 'reward_sum', '0')
-  elseif reward ~= 0 then
-    redis.call('HINCRBYFLOAT', stats, 'reward_sum', string.format('%.17g', reward))
-  end
+  -- Summed here and written with HSET, which cannot fail (HINCRBYFLOAT refuses a result it cannot
+  -- store): a script that errs after its first write leaves the counters half-updated.
+  local sum = 0
+  if samples > 0 then sum = (tonumber(redis.call('HGET', stats, 'reward_sum')) or 0) + reward end
+  redis.call('HSET', stats, 'reward_sum', string.format('%.17g', sum))
   return samples
 end
 

@@ -36,6 +36,7 @@ class Reference:
         self.pad_id = pad_id
         self.model = AutoModelForCausalLM.from_pretrained(str(settings.model), dtype=getattr(torch, settings.dtype))
         self.model.to(settings.ref_device).eval()
+        self.vocab_size = int(self.model.config.vocab_size)
         if not takes_tree_mask(self.model):
             raise ValueError(f"{settings.model}: the reference pass needs attention that takes a 4D mask "
                              f"({' or '.join(MASKED_ATTENTION)}), this model loads with "

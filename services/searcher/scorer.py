@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from services.searcher.engine import Completion
 from services.searcher.reference import Reference
 from tba.model.tokenizer import PromptFormat, load_tokenizer
-from tba.schemas import ScoredGroup, ScoredSample
+from tba.schemas import MAX_ABS_LOGPROB, MAX_ABS_REWARD, ScoredGroup, ScoredSample
 from tba.settings import SearcherSettings
 from tba.tasks import Prompt, Task
 
@@ -61,6 +61,7 @@ class Scorer:
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id  # masked out of the sums either way
         self.reference = reference if reference is not None else Reference(settings, self.pad_id)
+        self.vocab_size = self.reference.vocab_size
         self.dropped = 0
         self.ref_pairs_total = self.ref_pairs_scored = 0  # pairs asked for, distinct pairs the reference scored
 
@@ -104,7 +105,7 @@ class Scorer:
                     token_logprobs=c.token_logprobs,
                 )
                 for (c, r, text), reward in zip(items, rewards, strict=True)
-                if self._finite(reward=reward, ref_logprob_sum=r)
+                if self._in_bounds(reward=(reward, MAX_ABS_REWARD), ref_logprob_sum=(r, MAX_ABS_LOGPROB))
             ]
             if not samples:
                 continue
@@ -114,18 +115,26 @@ class Scorer:
             ))
         return groups
 
-    def _finite(self, **values: float) -> bool:
-        bad = {k: v for k, v in values.items() if not math.isfinite(v)}
+    def _in_bounds(self, **values: tuple[float, float]) -> bool:
+        """Each value finite and within its bound (the wire's, tba.schemas): the buffer would refuse the group."""
+        bad = {k: v for k, (v, limit) in values.items() if not (math.isfinite(v) and abs(v) <= limit)}
         if bad:
             self.dropped += 1
-            log.warning("dropping a completion with non-finite %s", bad)
+            log.warning("dropping a completion with %s out of bounds", bad)
         return not bad
 
     def _usable(self, c: Completion) -> bool:
-        """The loss cannot use an empty or aborted completion, or one without a finite log-prob."""
-        if c.token_ids and math.isfinite(c.logprob_sum) and c.finish_reason in ("stop", "length"):
+        """The loss cannot use an empty or aborted completion, one without a finite log-prob, or one with a
+        token id the model has no embedding for."""
+        ok = (c.token_ids and c.finish_reason in ("stop", "length")
+              and math.isfinite(c.logprob_sum) and abs(c.logprob_sum) <= MAX_ABS_LOGPROB)
+        if ok and 0 <= min(c.token_ids) and max(c.token_ids) < self.vocab_size:
             return True
         self.dropped += 1
-        log.warning("dropping a completion the loss cannot use (%d tokens, log-prob %s, finish %s)",
-                    len(c.token_ids), c.logprob_sum, c.finish_reason)
+        if ok:
+            log.warning("dropping a completion with token ids outside the vocabulary [0, %d): %s", self.vocab_size,
+                        [t for t in c.token_ids if not 0 <= t < self.vocab_size][:5])
+        else:
+            log.warning("dropping a completion the loss cannot use (%d tokens, log-prob %s, finish %s)",
+                        len(c.token_ids), c.logprob_sum, c.finish_reason)
         return False

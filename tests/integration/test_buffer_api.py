@@ -125,7 +125,16 @@ def test_invalid_groups_are_refused_whole_and_nothing_is_stored(make_client) -> 
         "samples: List should have at least 1": {**good, "samples": []},
         "extra_field": {**good, "extra_field": 1},
         "policy_version: Input should be less than or equal to 2097151": {**good, "policy_version": 2**22},
-        "prompt_ids: Value error, token id at position 0 is negative": {**good, "prompt_ids": [-3]},
+        "prompt_ids.0: Input should be greater than or equal to 0": {**good, "prompt_ids": [-3]},
+        # the wire's bounds: a reward whose sums overflow, a token id no vocabulary has, a boolean as a number
+        "samples.0.reward: Input should be less than or equal to 1000000": {
+            **good, "samples": [{**good["samples"][0], "reward": 1e308}]},
+        "samples.0.logprob_sum: Input should be greater than or equal to -1000000000": {
+            **good, "samples": [{**good["samples"][0], "logprob_sum": -1e300}]},
+        "samples.0.completion_ids.0: Input should be less than or equal to 2147483647": {
+            **good, "samples": [{**good["samples"][0], "completion_ids": [2**62]}]},
+        "policy_version: Input should be a valid integer": {**good, "policy_version": False},
+        "prompt_ids.0: Input should be a valid integer": {**good, "prompt_ids": ["7"]},
     }
     for needle, obj in cases.items():
         r = client.post("/v1/groups", content=msgpack.packb(obj), headers=MSGPACK)
@@ -136,6 +145,38 @@ def test_invalid_groups_are_refused_whole_and_nothing_is_stored(make_client) -> 
     assert r.status_code == 413 and "limit of 4096" in error_of(r)["message"]
     stats = client.get("/v1/stats").json()
     assert stats["samples"] == 0 and stats["prompts"] == 0 and stats["groups_ingested"] == 0
+
+
+@pytest.mark.parametrize("fmt", ["json", "msgpack"])
+def test_deeply_nested_bodies_are_refused_not_crashed_on(make_client, fmt) -> None:
+    """100,000 nested lists overflow a recursive parser: 422 with the reason, never a 500."""
+    client = make_client()
+    body = b"[" * 100_000 + b"]" * 100_000 if fmt == "json" else b"\x91" * 100_000 + b"\xc0"
+    headers = {"Content-Type": "application/json"} if fmt == "json" else MSGPACK
+    for path in ("/v1/groups", "/v1/sample"):
+        r = client.post(path, content=body, headers=headers)
+        assert r.status_code == 422 and f"not valid {fmt}" in error_of(r)["message"], r.text
+
+
+def test_extreme_rewards_within_the_bounds_keep_every_counter_and_draw_right(make_client) -> None:
+    """Rewards at the bound: the reward sum stays exact enough, and the reward branch at the largest inverse
+    temperature draws the best sample (a reward of 1e308 used to overflow the sum after the ack and NaN the
+    softmax)."""
+    client = make_client()
+    top = 1e6
+    for i, rewards in enumerate(([top, -top], [top, top - 1], [-top, -top])):
+        g = make_group(f"x{i}", rewards=rewards)
+        r = client.post("/v1/groups", content=encode(g), headers=MSGPACK)
+        assert r.status_code == 200 and r.json()["added"] == 2, r.text
+    stats = client.get("/v1/stats").json()
+    assert stats["samples"] == 6 and stats["groups_ingested"] == 3
+    assert stats["reward_mean"] == pytest.approx(-1 / 6, abs=1e-9)
+    req = {"num_prompts": 3, "samples_per_prompt": 1, "trainer_version": 0, "recency_prob": 0.0,
+           "reward_inv_temp": 1e6, "seed": 3}
+    r = client.post("/v1/sample", json=req, headers={"Accept": "application/json"})
+    assert r.status_code == 200, r.text
+    best = {g["prompt_id"]: g["samples"][0]["reward"] for g in r.json()["groups"]}
+    assert best == {"x0": top, "x1": top, "x2": -top}
 
 
 def test_invalid_sample_requests_name_the_field(make_client) -> None:
@@ -150,7 +191,12 @@ def test_invalid_sample_requests_name_the_field(make_client) -> None:
                         ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "only_version": 2**21},
                          "only_version"),
                         ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "seed": 2**63},
-                         "seed")):
+                         "seed"),
+                        # nothing is coerced: a boolean is no seed, a string no count
+                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "seed": False},
+                         "seed: Input should be a valid integer"),
+                        ({"num_prompts": "2", "samples_per_prompt": 1, "trainer_version": 0},
+                         "num_prompts: Input should be a valid integer")):
         r = client.post("/v1/sample", json=body)
         assert r.status_code == 422 and field in error_of(r)["message"], r.text
 

@@ -100,3 +100,27 @@ def test_bad_settings_stop_the_service_with_a_message_naming_the_variable(redis_
                        env={**os.environ, "TBA_REDIS_URL": redis_server.url})
     assert r.returncode == 2
     assert "TBA_PER_PROMPT_CAPACITY / --per-prompt-capacity" in r.stderr and "'zero'" in r.stderr
+
+
+def test_a_client_leaving_mid_body_costs_one_log_line_not_a_traceback(redis_server, tmp_path) -> None:
+    """A producer killed while sending: the buffer logs one line and serves the next request."""
+    import socket
+
+    log = tmp_path / "buffer.log"
+    proc, url = start_buffer(redis_server.url, "c0", log)
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"POST /v1/groups HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
+                             b"Content-Length: 100000\r\n\r\n" + b"\x00" * 1000)
+        wait_for(lambda: log.read_text().count("went away after") == 3, timeout=10)
+        r = httpx.post(f"{url}/v1/groups", content=encode(make_group("after")),
+                       headers={"Content-Type": "application/msgpack"})
+        assert r.status_code == 200, r.text
+        text = log.read_text()
+        assert "Traceback" not in text and "Exception in ASGI application" not in text, text
+        assert "the client (127.0.0.1) went away after 1000 bytes of the body" in text
+    finally:
+        proc.terminate()
+        proc.wait(15)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,23 @@ def test_completions_rewards_and_envelope(parts) -> None:
             answer = str(sum(int(x) for x in g.prompt_text.rstrip("=").split("+")))
             assert s.reward == (1.0 if s.completion_text.strip() == answer else 0.0)
     assert len({g.group_id for g in groups}) == len(groups)
+
+
+def test_completions_the_model_cannot_score_are_dropped_not_published(parts, caplog) -> None:
+    """Token ids beyond the model's vocabulary (or the wire's int32) never leave the searcher; the rest do."""
+    engine, scorer = parts
+    batch = generate_batch(engine, scorer, n=2)
+    first = batch.completions[0][0]
+    batch.completions[0][0] = replace(first, token_ids=[*first.token_ids[:-1], scorer.vocab_size + 3])
+    batch.completions[1][1] = replace(batch.completions[1][1], token_ids=[2**62])
+    before = scorer.dropped
+    with caplog.at_level("WARNING", logger="services.searcher.scorer"):
+        groups = scorer.score(batch)
+    assert scorer.dropped - before == 2
+    assert f"token ids outside the vocabulary [0, {scorer.vocab_size})" in caplog.text
+    kept = [s.completion_ids for g in groups for s in g.samples]
+    assert len(kept) == 2 * len(PROMPTS) - 2
+    assert all(max(ids) < scorer.vocab_size for ids in kept)
 
 
 def test_per_token_logprobs_on_request(parts) -> None:

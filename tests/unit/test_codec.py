@@ -10,19 +10,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tba.codec import PayloadError, decode, encode, pack
-from tba.schemas import MAX_VERSION, SampledBatch, SampledGroup, SampledSample, ScoredGroup, ScoredSample
+from tba.schemas import (
+    MAX_ABS_LOGPROB,
+    MAX_ABS_REWARD,
+    MAX_VERSION,
+    SampledBatch,
+    SampledGroup,
+    SampledSample,
+    ScoredGroup,
+    ScoredSample,
+)
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 ids = st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=24)
 text = st.text(max_size=40)
+rewards = st.floats(-MAX_ABS_REWARD, MAX_ABS_REWARD)
+logprobs = st.floats(-MAX_ABS_LOGPROB, MAX_ABS_LOGPROB)
 
 
 @st.composite
 def scored_samples(draw) -> ScoredSample:
     completion = draw(ids)
-    per_token = draw(st.one_of(st.none(), st.lists(finite, min_size=len(completion), max_size=len(completion))))
-    return ScoredSample(completion_ids=completion, completion_text=draw(text), reward=draw(finite),
-                        logprob_sum=draw(finite), ref_logprob_sum=draw(finite),
+    per_token = draw(st.one_of(st.none(), st.lists(logprobs, min_size=len(completion), max_size=len(completion))))
+    return ScoredSample(completion_ids=completion, completion_text=draw(text), reward=draw(rewards),
+                        logprob_sum=draw(logprobs), ref_logprob_sum=draw(logprobs),
                         finish_reason=draw(st.sampled_from(["stop", "length", "abort"])), token_logprobs=per_token)
 
 
@@ -30,7 +41,7 @@ scored_groups = st.builds(
     ScoredGroup,
     prompt_id=st.text(min_size=1, max_size=30), prompt_text=text, prompt_ids=ids,
     task=st.text(min_size=1, max_size=12), policy_version=st.integers(0, MAX_VERSION),
-    searcher_id=st.text(min_size=1, max_size=12), created_at=finite,
+    searcher_id=st.text(min_size=1, max_size=12), created_at=st.floats(0, 1e12),
     samples=st.lists(scored_samples(), min_size=1, max_size=5),
 )
 
