@@ -52,7 +52,8 @@ def make_group(prompt: int, version: int, rng: random.Random) -> ScoredGroup:
                             reward=float(rng.random() < 0.5), logprob_sum=-rng.random() * 20,
                             ref_logprob_sum=-rng.random() * 20) for _ in range(GROUP_SIZE)]
     return ScoredGroup(prompt_id=f"prompt-{prompt:07d}", prompt_text="What is 12 + 34?", prompt_ids=list(range(3, 19)),
-                       task="arithmetic", policy_version=version, searcher_id="bench", samples=samples)
+                       task="arithmetic", policy_version=version, searcher_id="bench", samples=samples,
+                       temperature=0.7, reference="bench")
 
 
 class Redis:

@@ -112,6 +112,7 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, pr
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tba.checkpoints import model_identity
     from tba.codec import encode
     from tba.keys import STREAM_FIELD, Keys
     from tba.model.logprobs import sequence_logprobs
@@ -143,7 +144,8 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, pr
                             policy_version=0, searcher_id="bench", samples=[
                                 ScoredSample(completion_ids=c, completion_text=t, reward=task.reward(p, t),
                                              logprob_sum=r, ref_logprob_sum=r)
-                                for c, t, r in zip(comps, texts, ref, strict=True)])
+                                for c, t, r in zip(comps, texts, ref, strict=True)],
+                            temperature=T, reference=model_identity(model_dir))
         client.xadd(Keys(NS).trajectories, {STREAM_FIELD: encode(group)})
     _wait(lambda: httpx.get(f"{buffer_url}/v1/stats").json()["groups_stored"] >= pool, 60, "ingest")
     return int(httpx.get(f"{buffer_url}/v1/stats").json()["samples"])

@@ -53,6 +53,12 @@ def content_hash(directory: Path) -> str:
     return h.hexdigest()
 
 
+def model_identity(directory: Path) -> str:
+    """A model's identity on the wire: the head of its content hash (the same files give the same identity on
+    every host, whatever the path)."""
+    return content_hash(directory)[:16]
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -48,6 +48,11 @@ class Keys:
     def global_key(self, name: str) -> str:
         return f"{self.ns}:{{g}}:{name}"
 
+    @property
+    def objective(self) -> str:
+        """The run's pinned objective: sampling temperature and reference model identity."""
+        return self.global_key("objective")
+
     # --- buffer storage: one prompt's keys share one slot ---
     def prompt_key(self, prompt_id: str, name: str) -> str:
         return f"{self.ns}:{{p:{prompt_id}}}:{name}"

@@ -42,6 +42,10 @@ MAX_TOKEN_ID = 2**31 - 1
 Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD, allow_inf_nan=False)]
 LogProb = Annotated[float, Field(ge=-MAX_ABS_LOGPROB, le=MAX_ABS_LOGPROB, allow_inf_nan=False)]
 FinishReason = Literal["stop", "length", "abort"]
+# The objective a run trains: a sample's log-probs are under logits/T of its policy and of the reference model,
+# so samples drawn at another temperature, or scored against another reference, silently change the loss.
+Temperature = Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)]
+Identity = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 def _check_vocabulary(ids: list[int], info: ValidationInfo) -> list[int]:
@@ -116,6 +120,8 @@ class ScoredGroup(_Versioned):
     searcher_id: str = Field(min_length=1, max_length=256, description="Searcher replica that produced the group.")
     created_at: float = Field(default_factory=time.time, ge=0, allow_inf_nan=False,
                               description="Unix time of creation.")
+    temperature: Temperature = Field(description="Sampling temperature T of the completions and their log-probs.")
+    reference: Identity = Field(description="Identity of the reference model (tba.checkpoints.model_identity).")
     samples: list[ScoredSample] = Field(min_length=1, description="The scored completions (at least one).")
 
 
@@ -134,6 +140,15 @@ class SampleRequest(_Strict):
     only_version: int | None = Field(None, ge=0, le=MAX_VERSION,
                                      description="Serve only samples of this exact version (sync mode).")
     seed: int | None = Field(None, ge=-INT64, lt=INT64, description="Seed for a reproducible draw (tests).")
+    temperature: Temperature | None = Field(None, description="The caller's temperature T: the buffer refuses "
+                                                              "(409) to serve a run of another objective.")
+    reference: Identity | None = Field(None, description="The caller's reference model identity (with temperature).")
+
+    @model_validator(mode="after")
+    def _objective_whole(self) -> SampleRequest:
+        if (self.temperature is None) != (self.reference is None):
+            raise ValueError("temperature and reference come together (the objective), or neither")
+        return self
 
 
 class SampledSample(_Strict):

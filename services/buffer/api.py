@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from services.buffer.store import WriteResult
 from tba.codec import JSON_MEDIA_TYPE, MSGPACK_MEDIA_TYPE, PayloadError
 from tba.schemas import SampledBatch, SampleRequest, ScoredGroup
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -46,8 +48,17 @@ class GroupAccepted(BaseModel):
     resent: bool = Field(description="The group id was already stored: nothing changed.")
 
 
+async def _check_objective(request: Request, temperature: float, reference: str, what: str) -> None:
+    """409 with the reason when the objective differs from the run's (see BufferStore.objective_mismatch)."""
+    mismatch = await request.app.state.store.objective_mismatch(temperature, reference)
+    if mismatch is not None:
+        log.warning("refused %s: %s", what, mismatch)
+        raise ApiError(409, "objective_mismatch", mismatch)
+
+
 @router.post("/v1/sample", dependencies=[Depends(require_token)], response_model=SampledBatch,
-             responses={**_ERRORS, 409: {"model": ErrorResponse, "description": "Not enough eligible prompts yet"},
+             responses={**_ERRORS, 409: {"model": ErrorResponse,
+                                         "description": "Not enough eligible prompts yet, or another objective"},
                         200: {"description": "The batch: msgpack, or JSON when asked for",
                               "content": {MSGPACK_MEDIA_TYPE: _BINARY}}},
              openapi_extra=_body_doc("SampleRequest"),
@@ -55,6 +66,8 @@ class GroupAccepted(BaseModel):
 async def sample(request: Request) -> Response:
     state = request.app.state
     req = await parse_body(request, SampleRequest, state.settings.max_payload_bytes)
+    if req.temperature is not None and req.reference is not None:
+        await _check_objective(request, req.temperature, req.reference, "sample request")
     t0 = time.perf_counter()
     try:
         batch = await state.sampler.sample(req)
@@ -67,11 +80,14 @@ async def sample(request: Request) -> Response:
 
 
 @router.post("/v1/groups", dependencies=[Depends(require_token)], response_model=GroupAccepted,
-             responses=_ERRORS, openapi_extra=_body_doc("ScoredGroup"),
+             responses={**_ERRORS, 409: {"model": ErrorResponse, "description": "The group's objective (temperature, "
+                                         "reference model) is not the run's"}},
+             openapi_extra=_body_doc("ScoredGroup"),
              summary="Store one scored group (for producers that cannot reach Redis); idempotent by group_id")
 async def post_group(request: Request) -> JSONResponse:
     state = request.app.state
     group = await parse_body(request, ScoredGroup, state.settings.max_payload_bytes)
+    await _check_objective(request, group.temperature, group.reference, f"group {group.group_id}")
     try:
         result: WriteResult = await state.store.write_group(group)
     except PayloadError as err:

@@ -192,6 +192,10 @@ class Ingestor:
             except PayloadError as err:
                 letters.append((loc, str(err), payload or b"", count_samples(payload)))
                 continue
+            mismatch = await self.store.objective_mismatch(group.temperature, group.reference)
+            if mismatch is not None:
+                letters.append((loc, f"{mismatch} (searcher {group.searcher_id})", payload, len(group.samples)))
+                continue
             groups.append(group)
             where.append(loc)
         if gone:

@@ -45,7 +45,8 @@ Layout (names from :class:`tba.keys.Keys`; ``G`` is the global prefix ``<ns>:{g}
 - ``G vcount`` hash: version -> samples.  ``G stats``: counters (``groups_stored`` is derived:
   ``groups_ingested - groups_duplicate - dead_letters``).  ``G groups``: group id -> time,
   ``G gtok``: group id -> token.  ``G searchers``: ``"<id>|<version>"``.  ``G intents``:
-  token -> msgpack intent.  ``G seq``: the arrival counter.
+  token -> msgpack intent.  ``G seq``: the arrival counter.  ``G objective``: the run's temperature
+  and reference model identity, pinned by the first group or trainer that states them.
 
 A sample id is a digest of its completion token ids, so an exact-duplicate completion of a
 prompt lands on the same id and replaces the older copy.
@@ -407,6 +408,15 @@ redis.call('HINCRBY', stats, 'samples_ingested', ARGV[8])
 redis.call('HINCRBY', stats, 'samples_dead_lettered', ARGV[8])
 if ARGV[10] ~= '' then redis.call('XACK', ARGV[10], ARGV[11], ARGV[4]) end
 return 1
+"""
+
+# The run's objective, pinned by the first group or trainer that states one.  KEYS[1]: G objective
+# ARGV: temperature reference   Returns the pinned {temperature, reference}.
+OBJECTIVE = """#!lua
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'temperature', ARGV[1], 'reference', ARGV[2])
+end
+return redis.call('HMGET', KEYS[1], 'temperature', 'reference')
 """
 
 # Pick the batch's prompts from the global indexes (one consistent snapshot of them).

@@ -154,7 +154,10 @@ class BufferStore:
         self._dead = redis.register_script(scripts.DEAD_LETTER)
         self._pick = redis.register_script(scripts.PICK)
         self._read = redis.register_script(scripts.READ_PROMPT)
-        self._all = (self._prompt, self._apply, self._intent, self._plan, self._dead, self._pick, self._read)
+        self._pin = redis.register_script(scripts.OBJECTIVE)
+        self._all = (self._prompt, self._apply, self._intent, self._plan, self._dead, self._pick, self._read,
+                     self._pin)
+        self._objective: tuple[float, str] | None = None
 
     @property
     def prompt_window(self) -> float:
@@ -184,6 +187,23 @@ class BufferStore:
 
     def _meta(self, prompt_id: str) -> list[str]:
         return [self.keys.prompt_key(prompt_id, "meta")]
+
+    async def objective_mismatch(self, temperature: float, reference: str) -> str | None:
+        """Why samples of this objective (temperature, reference model) do not belong here, or None.
+
+        The first group or trainer that states an objective pins it for the namespace; every later one must
+        match, or a searcher sampling at another temperature (or scoring against another reference) would
+        change the loss the trainer computes without anyone noticing. Once read, the pin is kept in memory."""
+        if self._objective is None:
+            t, r = await self._pin(keys=[self.keys.objective], args=[repr(float(temperature)), reference])
+            self._objective = (float(t), r.decode() if isinstance(r, bytes) else str(r))
+        pinned_t, pinned_r = self._objective
+        if (float(temperature), reference) == (pinned_t, pinned_r):
+            return None
+        return (f"objective mismatch: temperature {temperature:g} and reference model {reference}, but this "
+                f"buffer's run (namespace {self.settings.namespace!r}) samples at temperature {pinned_t:g} and scores "
+                f"against reference model {pinned_r}: configure TBA_TEMPERATURE and TBA_MODEL alike everywhere, "
+                f"or start the new objective in a new TBA_NAMESPACE")
 
     # --- writes ---
     def _prompt_args(self, group: ScoredGroup, seq0: int, now: float) -> list[Any]:

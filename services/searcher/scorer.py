@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from services.searcher.engine import Completion
 from services.searcher.reference import Reference
+from tba.checkpoints import model_identity
 from tba.model.tokenizer import PromptFormat, load_tokenizer
 from tba.schemas import MAX_ABS_LOGPROB, MAX_ABS_REWARD, ScoredGroup, ScoredSample
 from tba.settings import SearcherSettings
@@ -62,6 +63,7 @@ class Scorer:
             self.pad_id = self.tokenizer.eos_token_id  # masked out of the sums either way
         self.reference = reference if reference is not None else Reference(settings, self.pad_id)
         self.vocab_size = self.reference.vocab_size
+        self.reference_id = model_identity(settings.model)  # stamped on every group: the buffer checks the objective
         self.dropped = 0
         self.ref_pairs_total = self.ref_pairs_scored = 0  # pairs asked for, distinct pairs the reference scored
 
@@ -112,6 +114,7 @@ class Scorer:
             groups.append(ScoredGroup(
                 prompt_id=prompt.prompt_id, prompt_text=prompt.text, prompt_ids=ids, task=self.task.name,
                 policy_version=batch.version, searcher_id=self.searcher_id, samples=samples,
+                temperature=self.temperature, reference=self.reference_id,
             ))
         return groups
 

@@ -4,8 +4,10 @@ Transient failures (connection errors, timeouts, 5xx) are retried with bounded
 exponential backoff and jitter (:func:`tba.retry.backoff_delays`), logged on
 each attempt, for as long as it takes: the trainer never crashes because the
 buffer restarted. A 409 on ``/v1/sample`` means "not enough eligible samples
-yet" and is returned to the caller, who waits. Any other 4xx is a bug on our
-side (bad request, wrong token) and is raised at once, never retried.
+yet" and is returned to the caller, who waits, unless the buffer says the
+trainer's objective (temperature, reference model) is not the run's. Any other
+4xx is a bug on our side (bad request, wrong token) and is raised at once,
+never retried.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from tba.retry import backoff_delays
 from tba.schemas import SampledBatch, SampleRequest
 
 log = logging.getLogger(__name__)
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    try:
+        return resp.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class BufferRequestError(RuntimeError):
@@ -53,6 +62,8 @@ class BufferClient:
         resp = self._send("POST", "/v1/sample", content=encode(request),
                           headers={"Content-Type": MSGPACK_MEDIA_TYPE, "Accept": MSGPACK_MEDIA_TYPE})
         if resp.status_code == 409:
+            if _error_code(resp) == "objective_mismatch":
+                raise BufferRequestError(f"the buffer refuses this trainer: {resp.json()['error']['message']}")
             return None
         fmt = "json" if resp.headers.get("content-type", "").startswith(JSON_MEDIA_TYPE) else "msgpack"
         try:

@@ -37,7 +37,7 @@ from services.trainer.learner import Learner
 from services.trainer.losses import BetaSchedule, make_loss
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.optim import LRSchedule, build_optimizer
-from tba.checkpoints import CheckpointStore
+from tba.checkpoints import CheckpointStore, model_identity
 from tba.keys import Keys
 from tba.ops import HealthServer
 from tba.schemas import SampledBatch, SampleRequest
@@ -64,6 +64,7 @@ class Trainer:
         self.samples_seen = 0
         self.tokens_seen = 0
         self.health: HealthServer | None = None
+        self.reference = ""  # identity of the reference model, stated with every sample request (setup)
         self.ranks = Ranks.from_env()  # under torchrun: rank 0 runs this loop, the others follow it (follow())
         self._started = time.monotonic()
         self._retry_at = 0.0  # sync mode: when a failed publish is tried again
@@ -96,6 +97,8 @@ class Trainer:
             log.warning("loss=grpo is an on-policy estimator: in async mode it trains on stale samples "
                         "without importance weights (use mode=sync for the on-policy baseline)")
         resume = self.load_policy()
+        self.reference = model_identity(Path(s.model))  # the reference is the base model, in every run
+        log.info("objective: temperature %g, reference model %s (%s)", s.temperature, self.reference, s.model)
         token = s.auth_token.get_secret_value() if s.auth_token else None
         self.client = BufferClient(s.buffer_url, auth_token=token, timeout=s.request_timeout,
                                    max_bytes=max(s.max_payload_bytes, 64 << 20), stop=self.stop)
@@ -259,6 +262,7 @@ class Trainer:
             recent_versions=s.recent_versions or self.k, max_staleness=s.max_staleness,
             only_version=self.step if sync else None,
             seed=None if s.sample_seed is None else s.sample_seed + self.step,
+            temperature=s.temperature, reference=self.reference,
         )
 
     def fetch(self) -> tuple[SampledBatch, float]:

@@ -242,3 +242,34 @@ def test_probes_metrics_and_docs(make_client, redis_server) -> None:
     assert r.status_code == 503 and "unreachable" in r.text
     r = client.get("/v1/stats")
     assert r.status_code == 503 and error_of(r)["code"] == "redis_unavailable"
+
+
+def test_the_first_objective_is_pinned_and_others_are_refused_with_the_reason(make_client, redis_server) -> None:
+    """A searcher at another temperature or with another reference model would silently change the loss: its
+    groups are refused (HTTP 409, dead letter on the stream), and so is a trainer of another objective."""
+    client = make_client()
+    first = make_group("p0")
+    assert post_group(client, first).status_code == 200  # pins (0.7, test-reference)
+    hot = make_group("p1").model_copy(update={"temperature": 1.0})
+    r = post_group(client, hot)
+    assert r.status_code == 409 and error_of(r)["code"] == "objective_mismatch", r.text
+    assert "temperature 1 and reference model test-reference" in error_of(r)["message"]
+    assert "samples at temperature 0.7" in error_of(r)["message"]
+    other = make_group("p2").model_copy(update={"reference": "another-base"})
+    sync = redis_server.client()
+    sync.xadd(Keys().trajectories, {STREAM_FIELD: encode(other)})
+    deadline = time.monotonic() + 10
+    while client.get("/v1/stats").json()["dead_letters"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    letters = sync.xrange(Keys().dead_letters)
+    assert len(letters) == 1 and b"reference model another-base" in letters[0][1][b"reason"]
+    stats = client.get("/v1/stats").json()
+    assert stats["samples"] == len(first.samples) and stats["prompts"] == 1  # nothing of the refused ones
+    request = {"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0}
+    r = client.post("/v1/sample", json={**request, "temperature": 0.7, "reference": "another-base"})
+    assert r.status_code == 409 and error_of(r)["code"] == "objective_mismatch", r.text
+    assert client.post("/v1/sample", json={**request, "temperature": 0.7, "reference": "test-reference"}
+                       ).status_code == 200
+    assert client.post("/v1/sample", json=request).status_code == 200  # a client that states none is not checked
+    r = client.post("/v1/sample", json={**request, "temperature": 0.7})
+    assert r.status_code == 422 and "come together" in error_of(r)["message"]

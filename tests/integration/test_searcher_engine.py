@@ -21,7 +21,7 @@ from services.searcher.cpus import engine_core_pids, spare_cpus
 from services.searcher.engine import Engine
 from services.searcher.loop import Searcher
 from services.searcher.scorer import GeneratedBatch, Scorer
-from tba.checkpoints import CheckpointStore, announce
+from tba.checkpoints import CheckpointStore, announce, model_identity
 from tba.codec import decode
 from tba.keys import STREAM_FIELD, Keys
 from tba.model.logprobs import sequence_logprobs
@@ -147,9 +147,11 @@ def test_completions_rewards_and_envelope(parts) -> None:
     engine, scorer = parts
     groups = scorer.score(generate_batch(engine, scorer, n=8))
     tok = scorer.tokenizer
+    reference = model_identity(scorer.settings.model)
     for g in groups:
         assert g.prompt_ids == encode_prompt(tok, g.prompt_text)
         assert g.policy_version == engine.version and g.searcher_id == "s-test" and g.task == "arithmetic"
+        assert g.temperature == T and g.reference == reference  # the objective, checked by the buffer
         for s in g.samples:
             ends_with_eos = s.completion_ids[-1] == tok.eos_token_id
             assert s.finish_reason == ("stop" if ends_with_eos else "length")

@@ -17,7 +17,7 @@ KEYS = Keys("t")
 def group(i: int, samples: int = 2) -> ScoredGroup:
     return ScoredGroup(
         prompt_id=f"p{i}", prompt_text=f"{i}+1=", prompt_ids=[1, 5, 6], task="arithmetic", policy_version=i % 3,
-        searcher_id="s0",
+        searcher_id="s0", temperature=0.7, reference="r0",
         samples=[ScoredSample(completion_ids=[7, 2], completion_text="5", reward=float(j % 2), logprob_sum=-1.5,
                               ref_logprob_sum=-2.0, finish_reason="stop") for j in range(samples)],
     )

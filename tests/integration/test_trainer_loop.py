@@ -24,7 +24,7 @@ import torch
 
 from services.trainer.checkpoints import load_state
 from services.trainer.loop import Trainer
-from tba.checkpoints import TMP_PREFIX, CheckpointStore, parse_manifest
+from tba.checkpoints import TMP_PREFIX, CheckpointStore, model_identity, parse_manifest
 from tba.codec import encode
 from tba.keys import STREAM_FIELD, Keys
 from tba.model.adapters import is_adapter
@@ -75,7 +75,8 @@ def group_pool(tiny_model) -> list[ScoredGroup]:
                                 reward=task.reward(prompt, tok.decode(c, skip_special_tokens=True)),
                                 logprob_sum=lp, ref_logprob_sum=lp) for c, lp in zip(completions, ref, strict=True)]
         groups.append(ScoredGroup(prompt_id=prompt.prompt_id, prompt_text=prompt.text, prompt_ids=ids,
-                                  task="arithmetic", policy_version=0, searcher_id="test", samples=samples))
+                                  task="arithmetic", policy_version=0, searcher_id="test", samples=samples,
+                                  temperature=T, reference=model_identity(tiny_model)))
         if len(groups) == 12:
             return groups
     raise AssertionError("unreachable")

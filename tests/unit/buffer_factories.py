@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from tba.schemas import ScoredGroup, ScoredSample
 
 _counter = itertools.count()
+TEMPERATURE, REFERENCE = 0.7, "test-reference"  # the objective of every group made here
 
 
 def make_sample(tokens: Sequence[int], reward: float = 0.0, logprob: float = -1.0) -> ScoredSample:
@@ -25,6 +26,7 @@ def make_group(prompt_id: str = "p0", version: int = 0, rewards: Sequence[float]
     return ScoredGroup(
         group_id=group_id or uuid.uuid4().hex, prompt_id=prompt_id, prompt_text=f"prompt {prompt_id}",
         prompt_ids=[1, 2, 3], task="arithmetic", policy_version=version, searcher_id=searcher_id,
+        temperature=TEMPERATURE, reference=REFERENCE,
         samples=[make_sample(t, r) for t, r in zip(tokens, rewards, strict=True)],
     )
 

@@ -42,6 +42,7 @@ scored_groups = st.builds(
     prompt_id=st.text(min_size=1, max_size=30), prompt_text=text, prompt_ids=ids,
     task=st.text(min_size=1, max_size=12), policy_version=st.integers(0, MAX_VERSION),
     searcher_id=st.text(min_size=1, max_size=12), created_at=st.floats(0, 1e12),
+    temperature=st.floats(0.01, 10), reference=st.text(min_size=1, max_size=16),
     samples=st.lists(scored_samples(), min_size=1, max_size=5),
 )
 
@@ -75,7 +76,7 @@ def test_sampled_batch_round_trip(batch: SampledBatch, fmt: str) -> None:
 def valid_group() -> ScoredGroup:
     return ScoredGroup(prompt_id="p", prompt_text="1+1=", prompt_ids=[1, 5], task="arithmetic", policy_version=0,
                        searcher_id="s", samples=[ScoredSample(completion_ids=[6, 2], reward=1.0, logprob_sum=-1.0,
-                                                              ref_logprob_sum=-1.0)])
+                                                              ref_logprob_sum=-1.0)], temperature=1.0, reference="r")
 
 
 def test_oversize_payload_rejected_before_parsing() -> None:

@@ -25,7 +25,7 @@ def sample(**kw) -> dict:
 
 def group(**kw) -> dict:
     base = {"prompt_id": "37+45=", "prompt_text": "37+45=", "prompt_ids": [1, 7, 11], "task": "arithmetic",
-            "policy_version": 3, "searcher_id": "s0", "samples": [sample()]}
+            "policy_version": 3, "searcher_id": "s0", "samples": [sample()], "temperature": 0.7, "reference": "r"}
     return {**base, **kw}
 
 

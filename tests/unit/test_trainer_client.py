@@ -70,6 +70,15 @@ def test_409_means_not_enough_samples_yet() -> None:
     assert client(transport).sample(REQUEST) is None and len(seen) == 1
 
 
+def test_409_for_another_objective_is_raised_with_the_buffers_reason() -> None:
+    """Waiting would never help: the buffer's run samples at another temperature or reference."""
+    error = {"error": {"status": 409, "code": "objective_mismatch", "message": "objective mismatch: temperature 1"}}
+    transport, seen = scripted(httpx.Response(409, json=error))
+    with pytest.raises(BufferRequestError, match="refuses this trainer: objective mismatch: temperature 1"):
+        client(transport).sample(REQUEST)
+    assert len(seen) == 1
+
+
 @pytest.mark.parametrize("code", [400, 401, 413, 422])
 def test_other_4xx_are_raised_at_once(code: int) -> None:
     transport, seen = scripted(httpx.Response(code, text="bad field num_prompts"))
