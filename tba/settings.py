@@ -65,8 +65,12 @@ class BufferSettings(CommonSettings):
     ingest_enabled: bool = Field(True, description="Consume the trajectory stream (off: an HTTP-only replica).")
     ingest_block_ms: int = Field(1000, ge=1, le=60_000, description="Longest wait of one XREADGROUP call (ms).")
     trim_interval_seconds: float = Field(5.0, gt=0.0, description="How often acknowledged stream entries are trimmed.")
-    dedup_window_seconds: float = Field(7 * 86400.0, gt=0.0,
-                                        description="How long a group id is remembered to refuse a resent group.")
+    dedup_window_seconds: float = Field(
+        3600.0, gt=0.0, le=30 * 86400.0,
+        description="How long a group id is remembered to refuse a resent group. Costs about 550 bytes of "
+                    "Redis memory per group (group rate x window: 10 groups/s for an hour, 20 MB), beyond the "
+                    "capacities; a group resent later than this (a searcher's spill replayed after a longer "
+                    "outage) is stored again.")
     dead_letter_maxlen: int = Field(100_000, ge=1, description="Dead-letter stream length kept (oldest trimmed).")
     dead_letter_payload_bytes: int = Field(65_536, ge=0, description="Bytes of a bad payload kept in its dead letter.")
 

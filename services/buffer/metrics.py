@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from services.buffer.store import WriteResult
 
 _GAUGES = ("prompts", "samples", "samples_ingested", "samples_duplicate", "samples_evicted",
-           "samples_dead_lettered", "groups_ingested", "groups_stored", "dead_letters", "samples_served")
+           "samples_dead_lettered", "groups_ingested", "groups_stored", "dead_letters", "samples_served",
+           "dedup_records")
 
 
 class BufferMetrics:

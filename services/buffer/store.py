@@ -373,7 +373,8 @@ class BufferStore:
         pipe.zcard(self.g + "pmax")
         pipe.hgetall(self.g + "vcount")
         pipe.smembers(self.g + "searchers")
-        raw, prompts, vcount, searchers = await pipe.execute()
+        pipe.zcard(self.g + "groups")
+        raw, prompts, vcount, searchers, remembered = await pipe.execute()
         counters = {k.decode(): v for k, v in raw.items()}
         samples = int(counters.get("samples", 0))
         reward_sum = float(counters.get("reward_sum", 0.0))
@@ -382,6 +383,7 @@ class BufferStore:
             "samples": samples,
             "versions": {int(v): int(c) for v, c in sorted(vcount.items(), key=lambda kv: int(kv[0]))},
             "reward_mean": reward_sum / samples if samples else None,
+            "dedup_records": int(remembered),  # group ids remembered to refuse resends (dedup_window_seconds)
         }
         for name in STAT_COUNTERS:
             out[name] = int(counters.get(name, 0))

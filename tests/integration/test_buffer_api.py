@@ -214,6 +214,7 @@ def test_stream_ingest_runs_in_the_app_lifespan(make_client, redis_server) -> No
             break
         time.sleep(0.05)
     assert stats["samples"] == 10 and stats["dead_letters"] == 1 and stats["searcher_versions"] == {"s-a": [1]}
+    assert stats["dedup_records"] == 5  # one remembered id per stored group, none for the dead letter
     assert stats["ingest"]["healthy"] is True and stats["ingest"]["consumer"] == "api"
     for key in ("reward_mean", "ingest_samples_per_s", "sample_samples_per_s", "samples_evicted",
                 "samples_dead_lettered", "groups_stored"):
