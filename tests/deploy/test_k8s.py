@@ -131,6 +131,18 @@ def _ignored(overlay: str) -> bool:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_runs_as_non_root_on_a_read_only_root(overlay: str, rendered: dict) -> None:
+    for workload in workloads(rendered[overlay]):
+        pod = workload["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            ctx = {**pod.get("securityContext", {}), **c.get("securityContext", {})}
+            where = f"{overlay}: {workload['metadata']['name']}/{c['name']}"
+            assert ctx.get("runAsNonRoot") is True, where
+            assert c.get("securityContext", {}).get("readOnlyRootFilesystem") is True, where
+            assert ctx.get("allowPrivilegeEscalation") is False, where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_trainer_is_a_single_recreated_replica(overlay: str, rendered: dict) -> None:
     trainer = by_kind(rendered[overlay], "Deployment")["trainer"]
     assert trainer["spec"]["replicas"] == 1
