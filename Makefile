@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 TBA := $(VENV)/bin/tba
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo up down bench experiment lint lock clean
+.PHONY: install test test-fast demo up down bench experiment lint lock clean fuzz soak security
 
 install:
 	@./scripts/bootstrap.sh
@@ -21,6 +21,22 @@ demo: install
 # make bench [MODEL=smollm2-135m-instruct]: MODEL (a directory or a packaged name) measures trainer and searcher on it
 bench: install
 	$(PY) -m benchmarks.run $(if $(MODEL),--model $(MODEL))
+
+# Reliability suites (reliability/*.py): each rewrites its section of RELIABILITY.md.
+fuzz: install
+	$(PY) -m reliability.fuzz
+
+# make soak [MINUTES=30]
+soak: install
+	$(PY) -m reliability.soak $(if $(MINUTES),--minutes $(MINUTES))
+
+security: install
+	$(PY) -m reliability.security
+
+# make chaos [MINUTES=12 KILLS=3 SEED=0]
+.PHONY: chaos
+chaos: install
+	$(PY) -m reliability.chaos $(if $(MINUTES),--minutes $(MINUTES)) $(if $(KILLS),--kills $(KILLS)) $(if $(SEED),--seed $(SEED))
 
 lint: install
 	$(VENV)/bin/ruff check tba services tests

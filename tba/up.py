@@ -5,8 +5,13 @@
 3. Start the buffer, wait until it is ready; start the trainer and N searchers.
 4. Watch: restart a child that dies, evaluate each new checkpoint on held-out
    prompts, show everything live, stop after the time or step budget or Ctrl-C.
-5. Stop producers first, let the buffer drain the stream, then write
-   ``summary.json`` and the report into the run directory.
+   ``summary.json`` is kept current meanwhile (``"state": "running"``, rewritten
+   atomically every few seconds with the addresses and process groups of the
+   services), so even a ``tba up`` killed with SIGKILL leaves its figures so far.
+5. Stop producers first, let the buffer drain the stream, then write the final
+   ``summary.json`` (``"state": "complete"``) and the report into the run directory.
+
+Every child runs under a guard (tba/lifetime.py): none outlives ``tba up``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tba.ops import free_port
 
 HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."
 log = logging.getLogger("tba.up")
+SUMMARY_EVERY_SECONDS = 10.0  # how often the running summary is rewritten
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,6 +154,8 @@ class LocalRun:
         self.redis_url = ""
         self.listen_done = threading.Event()  # outlives the stop event: the final checkpoint is announced late
         self.evals: list[dict] = []
+        self.base_model: Path | None = None
+        self.endpoints: dict[str, str] = {}  # service name -> its address, for the running summary
 
     # --- start-up -------------------------------------------------------
     def _base_env(self, base_model: Path, redis_url: str) -> dict[str, str]:
@@ -265,7 +273,7 @@ class LocalRun:
         from tba.dashboard import Observer
         from tba.model.sft import ensure_base_model
 
-        base_model = self.args.base_model or ensure_base_model(task=self.args.task)
+        base_model = self.base_model = self.args.base_model or ensure_base_model(task=self.args.task)
         self.t0 = time.time()  # the run's clock starts when the system does, not with the warm-up
         log.info("run directory %s, base model %s", self.run_dir, base_model)
         try:
@@ -274,13 +282,15 @@ class LocalRun:
             log.error("start-up failed: %s", err)
             self.sup.stop_all()
             return 1
+        self.endpoints = {"redis": self.redis_url, "buffer": buffer_url, **status_urls}
         observer = Observer(buffer_url, self.token, status_urls, self.run_dir / "timeline.jsonl")
+        self._write_summary(observer, {}, "running")
         self._subscribe_versions(self.redis_url, observer)
         threading.Thread(target=self._eval_loop, args=(observer, base_model), name="eval", daemon=True).start()
         try:
             self._watch(observer)
         finally:
-            code = self._shutdown(observer, base_model)
+            code = self._shutdown(observer)
         return code
 
     def _watch(self, observer) -> None:
@@ -293,7 +303,7 @@ class LocalRun:
         trainer = next(c for c in self.sup.children if c.name == "trainer")
         live_console = not self.args.no_console and sys.stdout.isatty()
         live = Live(console=Console(), refresh_per_second=2) if live_console else None
-        last_line = 0.0
+        last_line = last_summary = time.monotonic()
         with live if live else contextlib.nullcontext():
             while not self.stop.event.is_set() and time.time() < deadline:
                 self.sup.check()
@@ -303,13 +313,31 @@ class LocalRun:
                 snap = observer.poll()
                 if live:
                     live.update(render(snap, self.sup.events))
-                elif time.time() - last_line >= 10:
+                elif time.monotonic() - last_line >= 10:
                     print(one_line(snap), flush=True)
-                    last_line = time.time()
+                    last_line = time.monotonic()
+                if time.monotonic() - last_summary >= SUMMARY_EVERY_SECONDS:
+                    self._write_summary(observer, {**snap.buffer, "stream_entries_added": self._stream_entries_added()},
+                                        "running")
+                    last_summary = time.monotonic()
                 self.stop.event.wait(1.0)
 
-    def _shutdown(self, observer, base_model: Path) -> int:
-        from tba.report import write_outputs
+    def _write_summary(self, observer, stats: dict, state: str) -> dict:
+        """``summary.json`` as the run stands, ``state`` "running" or "complete". Written to a temporary file
+        renamed over the previous one, so a reader, or a kill at any moment, finds a whole summary."""
+        from tba.report import build_summary
+
+        summary = {"state": state, **build_summary(self, observer, stats), "base_model": str(self.base_model),
+                   "endpoints": self.endpoints,
+                   "process_groups": {c.name: c.proc.pid for c in self.sup.children if c.proc is not None}}
+        path = self.run_dir / "summary.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        os.replace(tmp, path)
+        return summary
+
+    def _shutdown(self, observer) -> int:
+        from tba.report import write_report
 
         self.stop.event.set()
         log.info("stopping searchers and trainer")
@@ -319,7 +347,9 @@ class LocalRun:
         self.sup.stop(["buffer"], 15)
         self.sup.stop(["redis"], 15)
         self._final_eval()
-        summary = write_outputs(self, observer, final, base_model)
+        summary = self._write_summary(observer, final, "complete")
+        if not self.args.no_report:
+            write_report(self.run_dir, summary, self.t0)
         log.info("summary: %s", json.dumps({k: summary[k] for k in ("accuracy_start", "accuracy_end", "wall_seconds")}))
         print(f"run directory: {self.run_dir}")
         return 0
@@ -346,11 +376,14 @@ class LocalRun:
 
         from tba.keys import Keys
 
+        # A timeout: a Redis that does not answer (stopped, overloaded) must not hold up the watch loop.
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
         try:
-            info = redis.Redis.from_url(self.redis_url).xinfo_stream(Keys(self.namespace).trajectories)
-            return int(info["entries-added"])
+            return int(client.xinfo_stream(Keys(self.namespace).trajectories)["entries-added"])
         except (redis.RedisError, KeyError):
             return None
+        finally:
+            client.close()
 
     def _final_eval(self) -> None:
         """Evaluate the last published checkpoint if the eval loop has not yet."""

@@ -11,8 +11,8 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def descendants(pid: int) -> set[int]:
-    """All live descendants of ``pid``."""
+def children(pid: int) -> set[int]:
+    """The live children of ``pid`` (those of each of its threads)."""
     out: set[int] = set()
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -20,12 +20,28 @@ def descendants(pid: int) -> set[int]:
         return out
     for task in tasks:
         try:
-            children = (task / "children").read_text().split()
+            out |= {int(child) for child in (task / "children").read_text().split()}
         except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended between listing and reading
-        for child in children:
-            out |= {int(child)} | descendants(int(child))
     return out
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of ``pid``."""
+    out: set[int] = set()
+    for child in children(pid):
+        out |= {child} | descendants(child)
+    return out
+
+
+def guarded_service(up_pid: int, name: str) -> int | None:
+    """Pid of the service ``name`` of the ``tba up`` process ``up_pid``: the only child of the guard
+    (tba/lifetime.py) that runs it, a child of ``tba up``; None while it is not running."""
+    for guard in children(up_pid):
+        if f"--name {name} " in cmdline(guard):
+            services = children(guard)
+            return next(iter(services)) if services else None
+    return None
 
 
 def cmdline(pid: int) -> str:
@@ -33,6 +49,36 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except FileNotFoundError:
         return ""
+
+
+def ancestors(pid: int) -> set[int]:
+    """``pid`` and every process above it, up to the first process."""
+    out = set()
+    while pid > 0 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except FileNotFoundError:
+            break
+    return out
+
+
+def running_with(text: str) -> list[str]:
+    """Command lines of live processes whose command line or environment contains ``text``: given a run
+    directory, every process of the run (vLLM's engine processes name it in their environment only). This
+    process and those above it (which may name the run directory in their own command lines) are not counted."""
+    needle = text.encode()
+    ours = ancestors(os.getpid())
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in ours:
+            continue
+        try:
+            if needle in (proc / "cmdline").read_bytes() or needle in (proc / "environ").read_bytes():
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # gone meanwhile, or a zombie
+    return found
 
 
 def alive(pid: int) -> bool:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from services.trainer.batching import Row, group_by_prompt
+from tba.lifetime import die_with_parent
 
 log = logging.getLogger(__name__)
 # The longest a rank waits for the others, rank 0's waits for the buffer included. A rank that dies is noticed
@@ -75,6 +76,9 @@ class Ranks:
 
         if not self.distributed:
             return device
+        # torchrun starts each rank in a session of its own, so a signal to the launcher's process group (a
+        # supervisor's stop, a container's) reaches the ranks only through torchrun, and a torchrun killed
+        # with SIGKILL would leave them running: they die with it instead.
         die_with_parent()
         on_gpu = device.startswith("cuda")
         if on_gpu:
@@ -127,22 +131,6 @@ def launcher(procs: int) -> list[str]:
     if procs <= 1:
         return [sys.executable]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)]
-
-
-def die_with_parent() -> None:
-    """Be killed when the launcher dies. torchrun starts each rank in a session of its own, so a signal to the
-    launcher's process group (a supervisor's stop, a container's) reaches the ranks only through torchrun,
-    and a torchrun killed with SIGKILL would leave them running. Linux only; elsewhere nothing changes."""
-    import ctypes
-    import signal
-
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:  # the launcher died before the line above
-        os._exit(1)
 
 
 def split_by_prompt(rows: list[Row], world: int) -> list[list[Row]]:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import running_with
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 
 STEPS = int(os.environ.get("TBA_E2E_STEPS", "24"))
@@ -101,14 +103,5 @@ def test_no_error_lines_in_logs(run: dict) -> None:
 
 def test_nothing_left_running(run: dict) -> None:
     """No process of the run survives it: searched by command line and by environment (vLLM's engines)."""
-    needle = str(run["dir"]).encode()
-    alive = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "cmdline").read_bytes() or needle in (proc / "environ").read_bytes():
-                alive.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-        except OSError:
-            continue
+    alive = running_with(str(run["dir"]))
     assert not alive, f"still running: {alive}"

@@ -1,14 +1,99 @@
-"""tba up's process supervision with real processes: restart on crash, clean stop of the whole group."""
+"""tba up's process supervision with real processes: restart on crash, clean stop of the whole group, and
+nothing left behind when a child or the supervisor itself is killed with SIGKILL."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tba.supervisor import Child, Supervisor
 from tests.procs import alive
+
+# A service that starts a helper in its own process group, as a searcher starts vLLM's engine core. The helper
+# ignores SIGTERM: only SIGKILL removes it. Every start appends the service's and the helper's pids to files in
+# DIR, and notes in DIR/overlap any helper of an earlier start still alive. A "polite" service exits on SIGTERM
+# (noting it in DIR/terminated); a "stubborn" one ignores SIGTERM as well.
+SERVICE = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+
+from tests.procs import alive
+
+d, kind = Path(sys.argv[1]), sys.argv[2]
+d.mkdir(parents=True, exist_ok=True)
+earlier = (d / "helpers").read_text().split() if (d / "helpers").exists() else []
+if any(alive(int(pid)) for pid in earlier):
+    (d / "overlap").write_text(" ".join(earlier))
+
+
+def on_term(signum, frame):
+    (d / "terminated").write_text(str(os.getpid()))
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term if kind == "polite" else signal.SIG_IGN)
+helper = subprocess.Popen([sys.executable, "-c",
+                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+with (d / "helpers").open("a") as f:
+    f.write(f"{helper.pid}\\n")
+with (d / "services").open("a") as f:
+    f.write(f"{os.getpid()}\\n")
+while True:
+    time.sleep(1)
+"""
+
+# A service whose helper, started the way vLLM starts its engine core (multiprocessing, spawn), creates a
+# shared memory segment and names it in DIR/segment.
+SHM_SERVICE = """
+import multiprocessing, os, sys, time
+from multiprocessing import shared_memory
+from pathlib import Path
+
+
+def hold(d):
+    segment = shared_memory.SharedMemory(create=True, size=1 << 20)
+    (d / "segment").write_text(segment.name)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    d = Path(sys.argv[1])
+    (d / "service").write_text(str(os.getpid()))
+    multiprocessing.get_context("spawn").Process(target=hold, args=(d,)).start()
+    time.sleep(600)
+"""
+
+# A supervisor of its own (what `tba up` runs), to be killed with SIGKILL: a polite and a stubborn service.
+SUPERVISOR = """
+import os, sys, time
+from pathlib import Path
+
+from tba.supervisor import Child, Supervisor
+
+d, service = Path(sys.argv[1]), sys.argv[2]
+sup = Supervisor()
+for kind in ("polite", "stubborn"):
+    sup.add(Child(kind, [sys.executable, service, str(d / kind), kind], dict(os.environ), d / f"{kind}.log",
+                  grace=1.0))
+while True:
+    sup.check()
+    time.sleep(0.2)
+"""
+
+
+@pytest.fixture
+def sup() -> Iterator[Supervisor]:
+    """A supervisor whose children are all stopped after the test, whatever it asserted."""
+    supervisor = Supervisor()
+    yield supervisor
+    supervisor.stop_all(timeout=1.0)
 
 
 def _wait(pred, timeout: float = 10.0) -> bool:
@@ -20,30 +105,112 @@ def _wait(pred, timeout: float = 10.0) -> bool:
     return False
 
 
-def test_a_crashing_child_is_reported_and_restarted(tmp_path: Path) -> None:
-    sup = Supervisor(max_restarts=2)
+def _pids(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _service(tmp_path: Path, name: str, kind: str) -> Child:
+    script = tmp_path / "service.py"
+    script.write_text(SERVICE)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # the service imports tests.procs
+    return Child(name, [sys.executable, str(script), str(tmp_path / name), kind], env, tmp_path / f"{name}.log",
+                 grace=1.0)
+
+
+def test_a_crashing_child_is_reported_and_restarted(tmp_path: Path, sup: Supervisor) -> None:
+    sup.max_restarts = 2
     child = sup.add(Child("crasher", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ),
                           tmp_path / "crasher.log"))
     assert _wait(lambda: (sup.check(), child.restarts >= 1)[1], timeout=10)
     assert child.exit_codes[0] == 3
     assert any("exited with code 3" in e for e in sup.events)
-    sup.stop_all()
 
 
-def test_stop_kills_grandchildren_too(tmp_path: Path) -> None:
-    """A child that spawns a process of its own (as vLLM does) leaves nothing behind."""
-    pid_file = tmp_path / "grandchild.pid"
-    code = (
-        "import subprocess, sys, time, signal\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # a stubborn child: ignores SIGTERM
-        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
-        "time.sleep(600)\n"
-    )
-    sup = Supervisor()
-    child = sup.add(Child("parent", [sys.executable, "-c", code], dict(os.environ), tmp_path / "p.log"))
-    assert _wait(pid_file.exists)
-    grandchild = int(pid_file.read_text())
+def test_stop_kills_grandchildren_too(tmp_path: Path, sup: Supervisor) -> None:
+    """A child that spawns a process of its own (as vLLM does) and ignores SIGTERM leaves nothing behind."""
+    child = sup.add(_service(tmp_path, "parent", "stubborn"))
+    assert _wait(lambda: _pids(tmp_path / "parent" / "helpers"))
+    helper = _pids(tmp_path / "parent" / "helpers")[0]
     sup.stop(["parent"], timeout=1.0)
     assert not child.running
-    assert _wait(lambda: not alive(grandchild), timeout=5)  # gone, or a zombie nobody reaped yet
+    assert _wait(lambda: not alive(helper), timeout=5)  # gone, or a zombie nobody reaped yet
+
+
+def test_a_child_killed_with_sigkill_is_restarted_without_its_old_helpers(tmp_path: Path, sup: Supervisor) -> None:
+    """kill -9 of a service: its helper dies before the restart, and the restart reports a signal death."""
+    child = sup.add(_service(tmp_path, "searcher", "polite"))
+    d = tmp_path / "searcher"
+    assert _wait(lambda: _pids(d / "services"))
+    service, helper = _pids(d / "services")[0], _pids(d / "helpers")[0]
+    os.kill(service, signal.SIGKILL)
+    assert _wait(lambda: (sup.check(), len(_pids(d / "services")) == 2)[1], timeout=15)
+    assert not alive(helper), "the killed service's helper survived its restart"
+    assert not (d / "overlap").exists(), "the restarted service ran next to its predecessor's helper"
+    assert child.exit_codes == [-signal.SIGKILL]  # the guard dies as its service died
+    assert any("restarting searcher" in e for e in sup.events)
+    sup.stop_all()
+    assert not any(alive(pid) for pid in _pids(d / "services") + _pids(d / "helpers"))
+
+
+def test_shared_memory_of_a_killed_service_is_released(tmp_path: Path, sup: Supervisor) -> None:
+    """A service killed with SIGKILL whose spawned helper holds shared memory (as vLLM's engine core and worker
+    hold their message queues): the helper is killed, and the resource tracker left alive long enough to
+    unlink the segment, so /dev/shm keeps nothing of it."""
+    script = tmp_path / "shm_service.py"
+    script.write_text(SHM_SERVICE)
+    child = sup.add(Child("searcher", [sys.executable, str(script), str(tmp_path)], dict(os.environ),
+                          tmp_path / "searcher.log", grace=5.0))
+    sup.max_restarts = 0
+    assert _wait(lambda: (tmp_path / "segment").exists(), timeout=30)
+    segment = Path("/dev/shm") / (tmp_path / "segment").read_text()
+    assert segment.exists()
+    os.kill(int((tmp_path / "service").read_text()), signal.SIGKILL)
+    assert _wait(lambda: (sup.check(), child.exit_codes)[1], timeout=15)
+    assert not segment.exists(), child.log_path.read_text()
+    assert "killed 1 processes left in its group" in child.log_path.read_text()  # the helper; the tracker left
+
+
+def test_a_killed_guard_leaves_nothing_behind(tmp_path: Path, sup: Supervisor) -> None:
+    """kill -9 of the guard itself: its service is told to stop (SIGTERM, parent-death signal), and the
+    supervisor kills the rest of the group (the helper ignores SIGTERM) and says so."""
+    sup.max_restarts = 0
+    child = sup.add(_service(tmp_path, "searcher", "polite"))
+    d = tmp_path / "searcher"
+    assert _wait(lambda: _pids(d / "services"))
+    service, helper = _pids(d / "services")[0], _pids(d / "helpers")[0]
+    assert child.proc is not None
+    os.kill(child.proc.pid, signal.SIGKILL)
+    assert _wait(lambda: (d / "terminated").exists(), timeout=5), "the service never got SIGTERM"
+    assert alive(helper), "nothing but the supervisor should have killed the helper yet"
+    assert _wait(lambda: (sup.check(), child.exit_codes)[1], timeout=5)
+    assert _wait(lambda: not alive(helper) and not alive(service), timeout=5)
+    assert any(line.startswith(f"{helper} ") for line in child.reaped), child.reaped
+    assert any("processes left in its group" in e for e in sup.events), sup.events
+
+
+def test_nothing_outlives_a_supervisor_killed_with_sigkill(tmp_path: Path) -> None:
+    """kill -9 of the supervisor: the polite service stops on SIGTERM, the stubborn one is killed after the
+    grace period, and both helpers go with them."""
+    script = tmp_path / "service.py"
+    script.write_text(SERVICE)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(tmp_path), str(script)], env=env)
+    try:
+        assert _wait(lambda: all(_pids(tmp_path / kind / "helpers") for kind in ("polite", "stubborn")), timeout=20)
+        pids = [pid for kind in ("polite", "stubborn") for name in ("services", "helpers")
+                for pid in _pids(tmp_path / kind / name)]
+        parent.kill()
+        parent.wait(5)
+        started = time.monotonic()
+        assert _wait(lambda: not any(alive(pid) for pid in pids), timeout=8), \
+            [pid for pid in pids if alive(pid)]
+        assert time.monotonic() - started < 5  # the stubborn one: 1 s of grace, then SIGKILL
+        assert (tmp_path / "polite" / "terminated").exists(), "the polite service was not asked to stop"
+        assert "parent" in (tmp_path / "stubborn.log").read_text()  # the guard says why it stopped its service
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for kind in ("polite", "stubborn"):  # whatever a failure left behind
+            for pid in _pids(tmp_path / kind / "services") + _pids(tmp_path / kind / "helpers"):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)

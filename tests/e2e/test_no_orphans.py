@@ -1,0 +1,131 @@
+"""Nothing of a ``tba up`` run outlives what it belongs to, with the real system: a searcher killed with
+SIGKILL takes vLLM's engine core, worker and resource tracker with it before it is restarted, and
+``tba up`` killed with SIGKILL takes every process of the run with it, leaving a whole summary of the
+run so far."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+
+from tba.supervisor import GRACE_SECONDS
+from tba.up import SUMMARY_EVERY_SECONDS
+from tests.procs import alive, cmdline, descendants, guarded_service, running_with
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T], timeout: float, up: subprocess.Popen, log: Path) -> T:
+    """``probe()``'s first truthy value; fails with ``tba up``'s log if it exits or time runs out first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        if up.poll() is not None:
+            raise AssertionError(f"tba up exited ({up.returncode}) before {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def shared_memory(pids: set[int]) -> set[Path]:
+    """The POSIX shared memory segments (files in /dev/shm) mapped by any of ``pids``."""
+    found = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except FileNotFoundError:
+            continue
+        found |= {Path(line.split(maxsplit=5)[5]) for line in maps.splitlines()
+                  if len(line.split(maxsplit=5)) == 6 and line.split(maxsplit=5)[5].startswith("/dev/shm/")}
+    return found
+
+
+def read_summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft_model: Path) -> None:
+    run_dir = tmp_path / "run"
+    log = tmp_path / "up.log"
+    cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--no-report", "--searchers", "1",
+           "--minutes", "10", "--run-dir", str(run_dir), "--base-model", str(sft_model), "--eval-every", "600",
+           "--eval-prompts", "20"]
+    with log.open("wb") as out:
+        up = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        # 1. kill -9 of the searcher once vLLM's engine runs: its helpers go, then it is restarted.
+        status_url = wait_for("running summary", lambda: read_summary(run_dir).get("endpoints", {}).get("searcher-0"),
+                              60, up, log)
+        wait_for("searcher ready", lambda: ready(status_url), 300, up, log)
+        searcher = guarded_service(up.pid, "searcher-0")
+        assert searcher is not None
+        helpers = descendants(searcher)
+        names = {pid: cmdline(pid) for pid in helpers}
+        trackers = {pid for pid, name in names.items() if "resource_tracker" in name}
+        assert len(helpers) >= 3 and trackers and any("EngineCore" in n for n in names.values()), names
+        shm = shared_memory(helpers | {searcher})
+        assert shm, "vLLM's processes map no shared memory: nothing to check it is released"
+        os.kill(searcher, signal.SIGKILL)
+        wait_for("the killed searcher's helpers to be gone", lambda: not any(alive(p) for p in helpers),
+                 GRACE_SECONDS + 5, up, log)
+        restarted = wait_for("restarted searcher",
+                             lambda: (pid := guarded_service(up.pid, "searcher-0")) != searcher and pid, 30, up, log)
+        reaped = re.search(r"guard of searcher-0: service exited \(SIGKILL\); killed \d+ processes left in its group: "
+                           r"(.*)", (run_dir / "logs" / "searcher-0.log").read_text())
+        assert reaped is not None
+        # The engine's processes were killed; the resource tracker outlived them and unlinked their shared memory.
+        assert {int(pid) for pid in re.findall(r"(\d+) \(", reaped.group(1))} == helpers - trackers
+        assert [seg for seg in shm if seg.exists()] == [], reaped.group(0)
+
+        # 2. kill -9 of tba up itself: every process of the run ends within the guards' grace period.
+        # The running summary follows the restart: it names the new searcher's process group.
+        group = os.getpgid(restarted)
+        summary = wait_for("summary naming the restarted searcher", lambda: (s := read_summary(run_dir))
+                           and s["process_groups"].get("searcher-0") == group and s, 2 * SUMMARY_EVERY_SECONDS, up, log)
+        assert summary["state"] == "running"
+        assert set(summary["process_groups"]) == {"redis", "buffer", "trainer", "searcher-0"}
+        assert summary["endpoints"]["redis"].startswith("redis://")
+        # redis-server rewrites its command line and environment (its process title): it is found as a descendant.
+        run = descendants(up.pid)
+        names = [cmdline(p) for p in run]
+        assert len(run) >= 8 and alive(restarted), "\n".join(names)  # 4 guards, redis, buffer, trainer, searcher
+        assert any("redis-server" in name for name in names), names
+        shm = shared_memory(run)
+        up.kill()
+        up.wait(10)
+        killed = time.monotonic()
+        deadline = killed + GRACE_SECONDS + 5
+        while (any(alive(p) for p in run) or running_with(str(run_dir))) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [cmdline(p) for p in run if alive(p)] + running_with(str(run_dir))
+        assert left == [], f"{time.monotonic() - killed:.0f} s after kill -9 of tba up: {left}"
+        assert [seg for seg in shm if seg.exists()] == []
+        # The summary on disk is whole (written by rename), and says the run did not finish.
+        assert json.loads((run_dir / "summary.json").read_text())["state"] == "running"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
