@@ -91,7 +91,7 @@ class SchemathesisResult:
 
 
 def harness_document(openapi: dict[str, Any]) -> dict[str, Any]:
-    """The buffer's document as the harness feeds it to schemathesis, narrowed in two ways only.
+    """The buffer's document as the harness feeds it to schemathesis, narrowed in three ways only.
 
     Each request body keeps just its JSON form (see the module's docstring). A group's objective
     (``temperature``, ``reference``) is pinned to the run's: the buffer takes groups of the first
@@ -108,6 +108,9 @@ def harness_document(openapi: dict[str, Any]) -> dict[str, Any]:
     for name, value in (("temperature", TEMPERATURE), ("reference", REFERENCE)):
         if name in group:
             group[name] = {**group[name], "enum": [value]}
+    # One rule JSON Schema cannot state: per-token log-probs, when given, are as many as the completion's
+    # ids. The field is left out of the document (the poison entries below try wrong lengths).
+    del doc["components"]["schemas"]["ScoredSample"]["properties"]["token_logprobs"]
     return doc
 
 

@@ -103,6 +103,8 @@ class ScoredSample(_Strict):
 # The largest policy version on the wire: the buffer keeps (version, arrival) in one sorted-set score that a
 # double must hold exactly (services/buffer/scripts.py), which leaves versions below 2**21 (two million steps).
 MAX_VERSION = 2**21 - 1
+# A batch is at most 512 x 128 = 65,536 samples: an answer the buffer builds in memory and sends whole.
+MAX_PROMPTS_PER_BATCH, MAX_SAMPLES_PER_PROMPT = 512, 128
 INT64 = 2**63  # seeds: what msgpack and numpy carry
 
 
@@ -128,8 +130,8 @@ class ScoredGroup(_Versioned):
 class SampleRequest(_Strict):
     """Body of ``POST /v1/sample``: how many prompts and samples, and the rule's knobs."""
 
-    num_prompts: int = Field(ge=1, le=4096, description="P: prompts in the batch.")
-    samples_per_prompt: int = Field(ge=1, le=4096, description="K: samples per prompt.")
+    num_prompts: int = Field(ge=1, le=MAX_PROMPTS_PER_BATCH, description="P: prompts in the batch.")
+    samples_per_prompt: int = Field(ge=1, le=MAX_SAMPLES_PER_PROMPT, description="K: samples per prompt.")
     recency_prob: float = Field(0.5, ge=0.0, le=1.0, description="m: probability of the recency branch per slot.")
     reward_inv_temp: float = Field(0.0, ge=0.0, le=1e6, description="Inverse temperature of the reward softmax.")
     trainer_version: int = Field(ge=0, le=MAX_VERSION, description="The caller's policy version, to compute staleness.")
@@ -142,13 +144,8 @@ class SampleRequest(_Strict):
     seed: int | None = Field(None, ge=-INT64, lt=INT64, description="Seed for a reproducible draw (tests).")
     temperature: Temperature | None = Field(None, description="The caller's temperature T: the buffer refuses "
                                                               "(409) to serve a run of another objective.")
-    reference: Identity | None = Field(None, description="The caller's reference model identity (with temperature).")
-
-    @model_validator(mode="after")
-    def _objective_whole(self) -> SampleRequest:
-        if (self.temperature is None) != (self.reference is None):
-            raise ValueError("temperature and reference come together (the objective), or neither")
-        return self
+    reference: Identity | None = Field(None, description="The caller's reference model identity (checked like "
+                                                         "the temperature).")
 
 
 class SampledSample(_Strict):

@@ -98,8 +98,8 @@ class TrainerSettings(ModelSettings):
     loss: Literal["tb", "grpo"] = Field("tb", description="Loss: tb (Trajectory Balance) or grpo (on-policy baseline).")
     mode: Literal["async", "sync"] = Field(
         "async", description="async: off-policy replay; sync: current version only, a checkpoint every step.")
-    prompts_per_step: int = Field(8, ge=1, description="P: prompts per optimizer step.")
-    samples_per_prompt: int = Field(8, ge=2, description="K: samples per prompt (log Z needs at least 2).")
+    prompts_per_step: int = Field(8, ge=1, le=512, description="P: prompts per optimizer step.")
+    samples_per_prompt: int = Field(8, ge=2, le=128, description="K: samples per prompt (log Z needs at least 2).")
     recency_prob: float = Field(0.95, ge=0.0, le=1.0, description="m: probability of the recency branch.")
     reward_inv_temp: float = Field(0.0, ge=0.0, description="Inverse temperature of the reward branch.")
     max_staleness: int | None = Field(None, ge=0, description="Ignore samples older than this many versions.")

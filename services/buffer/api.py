@@ -48,7 +48,7 @@ class GroupAccepted(BaseModel):
     resent: bool = Field(description="The group id was already stored: nothing changed.")
 
 
-async def _check_objective(request: Request, temperature: float, reference: str, what: str) -> None:
+async def _check_objective(request: Request, temperature: float | None, reference: str | None, what: str) -> None:
     """409 with the reason when the objective differs from the run's (see BufferStore.objective_mismatch)."""
     mismatch = await request.app.state.store.objective_mismatch(temperature, reference)
     if mismatch is not None:
@@ -66,7 +66,7 @@ async def _check_objective(request: Request, temperature: float, reference: str,
 async def sample(request: Request) -> Response:
     state = request.app.state
     req = await parse_body(request, SampleRequest, state.settings.max_payload_bytes)
-    if req.temperature is not None and req.reference is not None:
+    if req.temperature is not None or req.reference is not None:
         await _check_objective(request, req.temperature, req.reference, "sample request")
     t0 = time.perf_counter()
     try:

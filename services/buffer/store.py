@@ -201,19 +201,23 @@ class BufferStore:
     def _meta(self, prompt_id: str) -> list[str]:
         return [self.keys.prompt_key(prompt_id, "meta")]
 
-    async def objective_mismatch(self, temperature: float, reference: str) -> str | None:
+    async def objective_mismatch(self, temperature: float | None, reference: str | None) -> str | None:
         """Why samples of this objective (temperature, reference model) do not belong here, or None.
 
         The first group or trainer that states an objective pins it for the namespace; every later one must
         match, or a searcher sampling at another temperature (or scoring against another reference) would
-        change the loss the trainer computes without anyone noticing. Once read, the pin is kept in memory."""
+        change the loss the trainer computes without anyone noticing. Once read, the pin is kept in memory.
+        A caller that states only one half is checked on that half, and pins nothing."""
         if self._objective is None:
+            if temperature is None or reference is None:
+                return None
             t, r = await self._pin(keys=[self.keys.objective], args=[repr(float(temperature)), reference])
             self._objective = (float(t), r.decode() if isinstance(r, bytes) else str(r))
         pinned_t, pinned_r = self._objective
-        if (float(temperature), reference) == (pinned_t, pinned_r):
+        if temperature in (None, pinned_t) and reference in (None, pinned_r):
             return None
-        return (f"objective mismatch: temperature {temperature:g} and reference model {reference}, but this "
+        stated = "unstated" if temperature is None else f"{temperature:g}"
+        return (f"objective mismatch: temperature {stated} and reference model {reference}, but this "
                 f"buffer's run (namespace {self.settings.namespace!r}) samples at temperature {pinned_t:g} and scores "
                 f"against reference model {pinned_r}: configure TBA_TEMPERATURE and TBA_MODEL alike everywhere, "
                 f"or start the new objective in a new TBA_NAMESPACE")
