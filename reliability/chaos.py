@@ -2,8 +2,8 @@
 volume; then check that nothing was lost, nothing was left behind, and the system still learned.
 
 ``python -m reliability.chaos [--minutes N] [--kills N] [--seed S]`` (``make chaos``) runs one ``tba up``
-(a real redis-server with AOF, the buffer, the trainer, two searchers on vLLM's CPU engine) and works
-on it from outside:
+(a real redis-server with AOF, the buffer, the trainer, two searchers on vLLM's CPU engine; ``tba up``'s
+defaults but for three settings, each explained in :meth:`System.start`) and works on it from outside:
 
 1. From the trainer's first checkpoint on, the faults, in a random order (``--seed``), each after a
    random pause, spread over the run up to a calm last stretch (``--calm`` seconds):
@@ -85,6 +85,7 @@ from tests.procs import alive, cmdline, descendants, guarded_service, running_wi
 NAMESPACE = "chaos"
 AUDIT_GROUP = "chaos-audit"
 RESTART_TIMEOUT = 180.0  # the longest a part may take to be running again (the supervisor backs off up to 30 s)
+FAULT_OVERHEAD_SECONDS = 5.0  # what a fault takes besides its own length: the restart, or the recovery, it waits for
 T = TypeVar("T")
 
 
@@ -386,8 +387,9 @@ def redis_unreachable(system: System, audit: Audit, fault: Fault) -> None:
     """redis-server frozen for a while: the searchers spill; afterwards every spill queue drains."""
     seconds = float(fault.figures["seconds"])
     pid = wait_for("running redis", lambda: system.service_pid("redis"), RESTART_TIMEOUT)
-    wait_for("every searcher generating", lambda: all((system.status(s) or {}).get("state") not in (None, "loading")
-                                                      for s in system.searchers()), RESTART_TIMEOUT)
+    # A searcher still loading its engine (restarted after a kill) generates nothing to spill: one generating is enough.
+    wait_for("a searcher generating", lambda: any((system.status(s) or {}).get("state") not in (None, "loading")
+                                                  for s in system.searchers()), RESTART_TIMEOUT)
     before = {s: (system.status(s) or {}).get("spilled_total") for s in system.searchers()}
     fault.at = round(system.elapsed(), 1)
     os.kill(pid, signal.SIGSTOP)
@@ -661,8 +663,8 @@ def run_chaos(config: ChaosConfig, run_dir: Path, say: Callable[[str], None] = p
         for i, fault in enumerate(faults):
             if not system.running():
                 break
-            timed = sum(float(f.figures.get("seconds", 0)) for f in faults[i:])
-            pause = max(0.0, (end_of_faults - time.time() - timed) / (len(faults) - i + 1))
+            busy = sum(float(f.figures.get("seconds", 0)) + FAULT_OVERHEAD_SECONDS for f in faults[i:])
+            pause = max(0.0, (end_of_faults - time.time() - busy) / (len(faults) - i + 1))
             time.sleep(rng.uniform(0, 2 * pause))
             FAULTS[fault.kind](system, audit, fault)
             say(f"[{system.elapsed():5.0f} s] {fault.kind} {fault.target}: {fault.outcome}")

@@ -143,11 +143,3 @@ def write_report(run_dir: Path, summary: dict[str, Any], t0: float) -> Path:
     out.write_text(page)
     return out
 
-
-def write_outputs(run, observer, final_stats: dict[str, Any], base_model: Path) -> dict[str, Any]:
-    summary = build_summary(run, observer, final_stats)
-    summary["base_model"] = str(base_model)
-    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    if not run.args.no_report:
-        write_report(run.run_dir, summary, run.t0)
-    return summary

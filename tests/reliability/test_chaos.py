@@ -18,7 +18,7 @@ SEED = int(os.environ.get("TBA_CHAOS_SEED", "0"))
 
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> ChaosResult:
-    config = ChaosConfig(minutes=3.5, kills=1, seed=SEED, outage_seconds=25, disk_full_seconds=20, calm_seconds=60,
+    config = ChaosConfig(minutes=4, kills=1, seed=SEED, outage_seconds=25, disk_full_seconds=20, calm_seconds=75,
                          eval_every=60, eval_prompts=200, base_model=sft_model)
     return run_chaos(config, tmp_path_factory.mktemp("chaos") / "run")
 
