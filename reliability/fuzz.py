@@ -318,7 +318,8 @@ class PoisonOutcome:
     sent: int
     dead_lettered: int = 0
     with_reason: int = 0
-    reason: str = ""
+    reason: str = ""  # the first one
+    wrong_reason: str = ""  # the first one that does not name the problem, if any
 
 
 @dataclass
@@ -380,10 +381,14 @@ def run_poison(buffer: BufferProcess, redis_url: str, repeats: int, namespace: s
         outcome = outcomes[i]
         outcome.dead_lettered += 1
         outcome.reason = outcome.reason or reason
-        if catalogue[i].reason in reason:
+        if catalogue[i].reason in reason and not reason.rstrip().endswith(":"):  # names it, and says what
             outcome.with_reason += 1
         else:
-            result.problems.append(f"{outcome.name}: reason {reason[:200]!r} does not name {catalogue[i].reason!r}")
+            outcome.wrong_reason = outcome.wrong_reason or reason
+    for poison, outcome in zip(catalogue, outcomes, strict=True):
+        if outcome.wrong_reason:
+            result.problems.append(f"{outcome.name}: {outcome.dead_lettered - outcome.with_reason} reasons do not "
+                                   f"name {poison.reason!r} or stop after it, e.g. {outcome.wrong_reason[:200]!r}")
     for entry, i in kind_of.items():
         result.problems.append(f"{outcomes[i].name}: entry {entry.decode()} was not dead-lettered")
     counted = stats["dead_letters"] - before["dead_letters"]

@@ -508,8 +508,10 @@ def render(result: SoakResult, minutes_asked: float) -> str:
         f"({last.dedup.global_bytes / max(1, last.dedup.global_records):.0f} in the global record, "
         f"{last.dedup.prompt_bytes / max(1, last.dedup.prompt_records):.0f} in its prompt's, delta included), for "
         f"dedup_window_seconds: at this run's {rate:.0f} groups/s and the default window of {default_window:g} s "
-        f"that is {rate * default_window * per_group / 2**20:.0f} MiB on top of the samples; this run's window, "
-        f"{cfg.dedup_window_seconds:g} s, ends inside the warm-up so that the bound is reached before judging.", "",
+        f"that is about {rate * default_window * per_group / 2**20:.0f} MiB on top of the samples, a lower bound: "
+        f"a prompt holding more than 128 records (a long window, a prompt revisited often) leaves Redis's compact "
+        f"listpack encoding for a costlier one. This run's window, {cfg.dedup_window_seconds:g} s, ends inside the "
+        f"warm-up so that the dedup records reach their bound before judging.", "",
     ]
     lines.append(table(
         ["window", "end (s)", "buffer RSS (MiB)", "Redis used (MiB)", "keys", "samples", "evicted", "groups/s",

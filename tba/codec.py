@@ -67,7 +67,7 @@ def decode(
     except RecursionError:  # json nests by recursion; msgpack's own limit is a StackError
         raise PayloadError(f"not valid {fmt}: nested too deeply") from None
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as err:
-        raise PayloadError(f"not valid {fmt}: {err or type(err).__name__}") from None
+        raise PayloadError(f"not valid {fmt}: {str(err) or type(err).__name__}") from None
     if not isinstance(obj, dict):
         raise PayloadError(f"expected a {fmt} map at the top level, got {type(obj).__name__}")
     try:

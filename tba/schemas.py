@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -57,8 +58,24 @@ def _check_vocabulary(ids: list[int], info: ValidationInfo) -> list[int]:
     return ids
 
 
+def _integral(value: object) -> object:
+    """JSON's 3.0 is the integer 3 (JSON Schema says so, and so do JSON encoders); a boolean or a string is
+    no number, and strict validation refuses them."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+def _integral_items(values: object) -> object:
+    if isinstance(values, list) and any(type(v) is float for v in values):
+        return [_integral(v) for v in values]
+    return values
+
+
+_INTEGRAL = BeforeValidator(_integral)
+Int = Annotated[int, _INTEGRAL]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-TokenIds = Annotated[list[TokenId], AfterValidator(_check_vocabulary)]
+TokenIds = Annotated[list[TokenId], BeforeValidator(_integral_items), AfterValidator(_check_vocabulary)]
 
 
 class _Strict(BaseModel):
@@ -69,7 +86,8 @@ class _Strict(BaseModel):
 
 
 class _Versioned(_Strict):
-    schema_version: int = Field(SCHEMA_VERSION, description="Wire schema version of this message.")
+    schema_version: Int = Field(SCHEMA_VERSION, description="Wire schema version of this message.",
+                                json_schema_extra={"enum": sorted(SUPPORTED_SCHEMA_VERSIONS)})
 
     @field_validator("schema_version")
     @classmethod
@@ -117,7 +135,7 @@ class ScoredGroup(_Versioned):
     prompt_text: str = Field(description="Prompt as text.")
     prompt_ids: TokenIds = Field(min_length=1, description="Prompt token ids, exactly as the policy saw them.")
     task: str = Field(min_length=1, max_length=256, description="Task name the prompt and reward come from.")
-    policy_version: int = Field(ge=0, le=MAX_VERSION,
+    policy_version: Int = Field(ge=0, le=MAX_VERSION,
                                 description="Trainer version of the weights that generated the samples.")
     searcher_id: str = Field(min_length=1, max_length=256, description="Searcher replica that produced the group.")
     created_at: float = Field(default_factory=time.time, ge=0, allow_inf_nan=False,
@@ -130,18 +148,19 @@ class ScoredGroup(_Versioned):
 class SampleRequest(_Strict):
     """Body of ``POST /v1/sample``: how many prompts and samples, and the rule's knobs."""
 
-    num_prompts: int = Field(ge=1, le=MAX_PROMPTS_PER_BATCH, description="P: prompts in the batch.")
-    samples_per_prompt: int = Field(ge=1, le=MAX_SAMPLES_PER_PROMPT, description="K: samples per prompt.")
+    num_prompts: Int = Field(ge=1, le=MAX_PROMPTS_PER_BATCH, description="P: prompts in the batch.")
+    samples_per_prompt: Int = Field(ge=1, le=MAX_SAMPLES_PER_PROMPT, description="K: samples per prompt.")
     recency_prob: float = Field(0.5, ge=0.0, le=1.0, description="m: probability of the recency branch per slot.")
     reward_inv_temp: float = Field(0.0, ge=0.0, le=1e6, description="Inverse temperature of the reward softmax.")
-    trainer_version: int = Field(ge=0, le=MAX_VERSION, description="The caller's policy version, to compute staleness.")
-    recent_versions: int = Field(1, ge=1, le=MAX_VERSION,
+    trainer_version: Int = Field(ge=0, le=MAX_VERSION, description="The caller's policy version, to compute staleness.")
+    recent_versions: Int = Field(1, ge=1, le=MAX_VERSION,
                                  description="Versions counted as 'since the last sync' (recency).")
-    max_staleness: int | None = Field(None, ge=0, le=MAX_VERSION,
+    max_staleness: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(None,
                                       description="Drop samples older than this many versions.")
-    only_version: int | None = Field(None, ge=0, le=MAX_VERSION,
+    only_version: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(None,
                                      description="Serve only samples of this exact version (sync mode).")
-    seed: int | None = Field(None, ge=-INT64, lt=INT64, description="Seed for a reproducible draw (tests).")
+    seed: Annotated[int, Field(ge=-INT64, lt=INT64), _INTEGRAL] | None = Field(
+        None, description="Seed for a reproducible draw (tests).")
     temperature: Temperature | None = Field(None, description="The caller's temperature T: the buffer refuses "
                                                               "(409) to serve a run of another objective.")
     reference: Identity | None = Field(None, description="The caller's reference model identity (checked like "
@@ -177,8 +196,8 @@ class SampledBatch(_Versioned):
 class CheckpointManifest(_Versioned):
     """What the trainer announces; readers trust a checkpoint only through it."""
 
-    version: int = Field(ge=0, le=MAX_VERSION, description="Policy version the weights carry (trainer step).")
-    step: int = Field(ge=0, le=MAX_VERSION, description="Optimizer step at which the checkpoint was taken.")
+    version: Int = Field(ge=0, le=MAX_VERSION, description="Policy version the weights carry (trainer step).")
+    step: Int = Field(ge=0, le=MAX_VERSION, description="Optimizer step at which the checkpoint was taken.")
     path: str = Field(min_length=1, description="Checkpoint directory, relative to the checkpoint root.")
     content_hash: str = Field(min_length=64, max_length=64, description="sha256 over the directory's files.")
     created_at: float = Field(default_factory=time.time)

@@ -272,6 +272,8 @@ def test_the_first_objective_is_pinned_and_others_are_refused_with_the_reason(ma
     assert client.post("/v1/sample", json={**request, "temperature": 0.7, "reference": "test-reference"}
                        ).status_code == 200
     assert client.post("/v1/sample", json=request).status_code == 200  # a client that states none is not checked
+    # JSON's 1.0 is the integer 1 (JSON Schema agrees); only booleans and strings are refused
+    assert client.post("/v1/sample", json={**request, "num_prompts": 1.0, "seed": 7.0}).status_code == 200
     assert client.post("/v1/sample", json={**request, "temperature": 0.7}).status_code == 200  # one half, checked
     r = client.post("/v1/sample", json={**request, "temperature": 0.8})
     assert r.status_code == 409 and error_of(r)["code"] == "objective_mismatch", r.text
