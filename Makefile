@@ -39,7 +39,7 @@ chaos: install
 	$(PY) -m reliability.chaos $(if $(MINUTES),--minutes $(MINUTES)) $(if $(KILLS),--kills $(KILLS)) $(if $(SEED),--seed $(SEED))
 
 lint: install
-	$(VENV)/bin/ruff check tba services tests
+	$(VENV)/bin/ruff check tba services tests benchmarks experiments reliability
 
 lock:
 	$(VENV)/bin/pip freeze --exclude-editable | grep -v -E '^(tba==|torchvision|torchaudio|torchcodec)' > requirements/cpu.txt
