@@ -58,7 +58,6 @@ import random
 import re
 import resource
 import secrets
-import shlex
 import shutil
 import signal
 import subprocess
@@ -75,12 +74,12 @@ from typing import Any, TypeVar
 import httpx
 import redis
 
-from reliability.report import table, write_section
+from reliability.procs import alive, cmdline, descendants, guarded_service, running_with
+from reliability.report import finish, table
 from reliability.services import ROOT, RedisProcess
 from tba.checkpoints import CheckpointError, CheckpointStore, parse_manifest
 from tba.codec import unpack
 from tba.keys import STREAM_FIELD, Keys
-from tests.procs import alive, cmdline, descendants, guarded_service, running_with
 
 NAMESPACE = "chaos"
 AUDIT_GROUP = "chaos-audit"
@@ -140,9 +139,14 @@ class ChaosResult:
     summary: dict[str, Any]
     wall_seconds: float
 
+    def problems(self) -> list[str]:
+        """Every fault not recovered from and every criterion missed (empty: the run passed)."""
+        return ([f"{f.kind} of {f.target}: {f.outcome}" for f in self.faults if not f.ok]
+                + [f"{name}: {c.detail}" for name, c in self.checks.items() if not c.ok])
+
     @property
     def passed(self) -> bool:
-        return all(f.ok for f in self.faults) and all(c.ok for c in self.checks.values())
+        return not self.problems()
 
 
 def plan(config: ChaosConfig, rng: random.Random) -> list[Fault]:
@@ -756,14 +760,9 @@ def main(argv: list[str] | None = None) -> int:
                          disk_full_seconds=args.disk_full, calm_seconds=args.calm)
     run_dir = (args.run_dir or ROOT / "runs" / time.strftime("chaos-%Y%m%d-%H%M%S")).resolve()
     result = run_chaos(config, run_dir)
-    text = markdown(result)
-    print(text)
-    if not args.no_report:
-        given = sys.argv[1:] if argv is None else argv
-        command = f"python -m reliability.chaos {shlex.join(given)}" if given else "make chaos"
-        print(f"wrote {write_section('chaos', text, command)}")
-    print(f"run directory: {run_dir}")
-    return 0 if result.passed else 1
+    print(f"chaos: run directory {run_dir}")
+    return finish("chaos", markdown(result), result.problems(), sys.argv[1:] if argv is None else argv,
+                  write=not args.no_report)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import msgpack
 import redis
 
 from reliability.payloads import REFERENCE, TEMPERATURE, group_dict
-from reliability.report import table, write_section
+from reliability.report import finish, table
 from reliability.services import BufferProcess, RedisProcess
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
@@ -537,17 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         result = fuzz(redis_proc.url, workdir, args.max_examples, args.min_cases, args.poison_repeats, args.seed)
     finally:
         redis_proc.stop()
-    section = render(result)
-    command = "python -m reliability.fuzz " + " ".join(sys.argv[1:] if argv is None else argv)
-    if args.no_report:
-        print(section)
-    else:
-        print(f"fuzz: wrote {write_section('fuzz', section, command.strip())}")
-    problems = result.problems()
-    for p in problems:
-        print(f"fuzz: FAIL: {p[:2000]}", file=sys.stderr)
-    print(f"fuzz: {'PASS' if not problems else 'FAIL'}; reports in {workdir}")
-    return 0 if not problems else 1
+    print(f"fuzz: reports in {workdir}")
+    return finish("fuzz", render(result), result.problems(), sys.argv[1:] if argv is None else argv,
+                  write=not args.no_report)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shlex
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPORT = Path(__file__).resolve().parent.parent / "RELIABILITY.md"
@@ -61,3 +64,17 @@ def table(header: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def finish(name: str, text: str, problems: Sequence[str], argv: Sequence[str], write: bool) -> int:
+    """The end of every suite's run: its section printed (and written to RELIABILITY.md unless ``write`` is
+    false, stamped with the command that ran it), each missed criterion on stderr, the verdict; returns the
+    exit status."""
+    print(text)
+    if write:
+        command = f"python -m reliability.{name} {shlex.join(argv)}" if argv else f"make {name}"
+        print(f"{name}: wrote {write_section(name, text, command)}")
+    for problem in problems:
+        print(f"{name}: FAIL: {problem[:2000]}", file=sys.stderr)
+    print(f"{name}: {'FAIL' if problems else 'PASS'}")
+    return 1 if problems else 0

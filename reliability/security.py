@@ -43,7 +43,7 @@ import redis
 import yaml
 
 from reliability.payloads import group_dict
-from reliability.report import table, write_section
+from reliability.report import finish, table
 from reliability.services import ROOT, BufferProcess, RedisProcess
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
@@ -69,9 +69,12 @@ class SecurityResult:
     timing_us: dict[str, float] = field(default_factory=dict)  # median latency of each kind of wrong token
     timed_requests: int = 0
 
+    def problems(self) -> list[str]:
+        return [f"{c.what}: {c.detail}" for c in self.checks if not c.passed]
+
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+        return not self.problems()
 
     def add(self, what: str, tries: int, passed: bool, detail: str) -> None:
         self.checks.append(Check(what, tries, passed, detail))
@@ -326,12 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tba-security-") as tmp:
         result = security(Path(tmp), args.timed_requests)
-    text = render(result)
-    print(text)
-    if not args.no_report:
-        path = write_section("security", text, "make security")
-        print(f"wrote {path}")
-    return 0 if result.passed else 1
+    return finish("security", render(result), result.problems(), sys.argv[1:] if argv is None else argv,
+                  write=not args.no_report)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ import msgpack
 import redis
 
 from reliability.payloads import REFERENCE, TEMPERATURE, group_dict
-from reliability.report import table, write_section
+from reliability.report import finish, table
 from reliability.services import BufferProcess, RedisProcess, cpu_seconds, rss_bytes
 from tba.codec import MSGPACK_MEDIA_TYPE
 from tba.keys import STREAM_FIELD, Keys
@@ -553,17 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         redis_proc.stop()
         shutil.rmtree(redis_dir / "appendonlydir", ignore_errors=True)  # hundreds of MB of AOF; the log stays
-    section = render(result, args.minutes)
-    command = "python -m reliability.soak " + " ".join(sys.argv[1:] if argv is None else argv)
-    if args.no_report:
-        print(section)
-    else:
-        print(f"soak: wrote {write_section('soak', section, command.strip())}")
-    problems = result.problems()
-    for p in problems:
-        print(f"soak: FAIL: {p}", file=sys.stderr)
-    print(f"soak: {'PASS' if not problems else 'FAIL'}; logs in {workdir}")
-    return 0 if not problems else 1
+    print(f"soak: logs in {workdir}")
+    return finish("soak", render(result, args.minutes), result.problems(), sys.argv[1:] if argv is None else argv,
+                  write=not args.no_report)
 
 
 def config_for(minutes: float, warmup_minutes: float | None = None, window_seconds: float | None = None,

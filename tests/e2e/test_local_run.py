@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import running_with
+from reliability.procs import running_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 

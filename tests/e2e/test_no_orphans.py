@@ -12,32 +12,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 import pytest
 
+from reliability.procs import alive, cmdline, descendants, guarded_service, running_with, wait_while_running
 from tba.supervisor import GRACE_SECONDS
 from tba.up import SUMMARY_EVERY_SECONDS
-from tests.procs import alive, cmdline, descendants, guarded_service, running_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T], timeout: float, up: subprocess.Popen, log: Path) -> T:
-    """``probe()``'s first truthy value; fails with ``tba up``'s log if it exits or time runs out first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        if up.poll() is not None:
-            raise AssertionError(f"tba up exited ({up.returncode}) before {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 def shared_memory(pids: set[int]) -> set[Path]:
@@ -77,9 +61,9 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         up = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         # 1. kill -9 of the searcher once vLLM's engine runs: its helpers go, then it is restarted.
-        status_url = wait_for("running summary", lambda: read_summary(run_dir).get("endpoints", {}).get("searcher-0"),
-                              60, up, log)
-        wait_for("searcher ready", lambda: ready(status_url), 300, up, log)
+        status_url = wait_while_running(
+            "running summary", lambda: read_summary(run_dir).get("endpoints", {}).get("searcher-0"), 60, up, log)
+        wait_while_running("searcher ready", lambda: ready(status_url), 300, up, log)
         searcher = guarded_service(up.pid, "searcher-0")
         assert searcher is not None
         helpers = descendants(searcher)
@@ -89,10 +73,11 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         shm = shared_memory(helpers | {searcher})
         assert shm, "vLLM's processes map no shared memory: nothing to check it is released"
         os.kill(searcher, signal.SIGKILL)
-        wait_for("the killed searcher's helpers to be gone", lambda: not any(alive(p) for p in helpers),
-                 GRACE_SECONDS + 5, up, log)
-        restarted = wait_for("restarted searcher",
-                             lambda: (pid := guarded_service(up.pid, "searcher-0")) != searcher and pid, 30, up, log)
+        wait_while_running("the killed searcher's helpers to be gone", lambda: not any(alive(p) for p in helpers),
+                           GRACE_SECONDS + 5, up, log)
+        restarted = wait_while_running("restarted searcher",
+                                       lambda: (pid := guarded_service(up.pid, "searcher-0")) != searcher and pid,
+                                       30, up, log)
         reaped = re.search(r"guard of searcher-0: service exited \(SIGKILL\); killed \d+ processes left in its group: "
                            r"(.*)", (run_dir / "logs" / "searcher-0.log").read_text())
         assert reaped is not None
@@ -103,8 +88,10 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         # 2. kill -9 of tba up itself: every process of the run ends within the guards' grace period.
         # The running summary follows the restart: it names the new searcher's process group.
         group = os.getpgid(restarted)
-        summary = wait_for("summary naming the restarted searcher", lambda: (s := read_summary(run_dir))
-                           and s["process_groups"].get("searcher-0") == group and s, 2 * SUMMARY_EVERY_SECONDS, up, log)
+        summary = wait_while_running("summary naming the restarted searcher",
+                                     lambda: (s := read_summary(run_dir))
+                                     and s["process_groups"].get("searcher-0") == group and s,
+                                     2 * SUMMARY_EVERY_SECONDS, up, log)
         assert summary["state"] == "running"
         assert set(summary["process_groups"]) == {"redis", "buffer", "trainer", "searcher-0"}
         assert summary["endpoints"]["redis"].startswith("redis://")

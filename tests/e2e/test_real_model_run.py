@@ -142,7 +142,7 @@ def test_no_error_lines_and_nothing_left_running(run: dict) -> None:
     for log in (run["dir"] / "logs").glob("*.log"):
         bad = [line for line in log.read_text(errors="replace").splitlines() if pattern.search(line)]
         assert not bad, f"{log.name}: {bad[:5]}"
-    from tests.procs import cmdline
+    from reliability.procs import cmdline
 
     needle = str(run["dir"])
     alive = [cmdline(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from reliability.procs import cmdline, cpu_seconds, descendants
 from services.searcher.cpus import engine_core_pids, spare_cpus
 from services.searcher.engine import Engine
 from services.searcher.loop import Searcher
@@ -30,7 +31,6 @@ from tba.model.tokenizer import encode_prompt
 from tba.schemas import ScoredGroup
 from tba.settings import SearcherSettings
 from tba.tasks import Prompt, make_task
-from tests.procs import cmdline, cpu_seconds, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reliability.procs import alive, cmdline, descendants, wait_while_running
 from tba.checkpoints import CheckpointStore, announce
 from tba.codec import decode
 from tba.keys import STREAM_FIELD, Keys
 from tba.model.tiny import init_model
 from tba.schemas import ScoredGroup
 from tests.conftest import free_port
-from tests.procs import alive, cmdline, descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -39,18 +39,6 @@ def get(url: str) -> httpx.Response | None:
         return httpx.get(url, timeout=10.0)
     except httpx.HTTPError:
         return None
-
-
-def wait_until(predicate, timeout: float, proc: subprocess.Popen, log: Path, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc.poll() is not None:
-            raise AssertionError(f"searcher exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
 def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> None:
@@ -71,13 +59,14 @@ def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> No
         proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "searcher"], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        first = wait_until(lambda: get(f"{base}/healthz"), 60, proc, log, "/healthz")
+        first = wait_while_running("/healthz", lambda: get(f"{base}/healthz"), 60, proc, log)
         assert first.status_code == 200
         early = get(f"{base}/readyz")
         assert early.status_code == 503 and "loading" in early.text  # alive, not ready while the engine loads
-        wait_until(lambda: (r := get(f"{base}/readyz")) and r.status_code == 200, 300, proc, log, "/readyz")
-        status = wait_until(lambda: (s := get(f"{base}/status").json())["groups_published"] >= 8 and s,
-                            120, proc, log, "8 groups published")
+        wait_while_running("/readyz", lambda: (r := get(f"{base}/readyz")) and r.status_code == 200, 300, proc, log)
+        status = wait_while_running("8 groups published",
+                                    lambda: (s := get(f"{base}/status").json())["groups_published"] >= 8 and s,
+                                    120, proc, log)
         assert status["searcher_id"] == "proc-0" and status["version"] == 5  # late joiner caught up at start
         assert status["reloads"] == 1 and status["state"] == "running" and status["redis_up"] == 1
         for field in ("samples_per_s", "tokens_per_s", "reload_ms_last", "spilled", "samples_published"):
@@ -86,11 +75,12 @@ def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> No
         assert "tba_searcher_version 5.0" in metrics and "tba_searcher_reload_seconds_bucket" in metrics
 
         publish_checkpoint(store, client, 6)  # announced while it runs: reloaded in place
-        status = wait_until(lambda: (s := get(f"{base}/status").json())["version"] == 6 and s, 60, proc, log,
-                            "the reload to v6")
+        status = wait_while_running("the reload to v6",
+                                    lambda: (s := get(f"{base}/status").json())["version"] == 6 and s, 60, proc, log)
         assert status["reloads"] == 2 and status["reload_ms_last"] > 0
-        wait_until(lambda: get(f"{base}/status").json()["groups_published"] > status["groups_published"] + 4,
-                   60, proc, log, "groups of v6")
+        wait_while_running("groups of v6",
+                           lambda: get(f"{base}/status").json()["groups_published"] > status["groups_published"] + 4,
+                           60, proc, log)
 
         children = descendants(proc.pid)
         assert children, "vLLM's engine core runs in child processes"

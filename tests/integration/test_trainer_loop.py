@@ -22,6 +22,7 @@ import httpx
 import pytest
 import torch
 
+from reliability.procs import descendants
 from services.trainer.checkpoints import load_state
 from services.trainer.loop import Trainer
 from tba.checkpoints import TMP_PREFIX, CheckpointStore, model_identity, parse_manifest
@@ -31,7 +32,6 @@ from tba.model.adapters import is_adapter
 from tba.schemas import ScoredGroup, ScoredSample
 from tba.settings import SettingsError, TrainerSettings
 from tests.conftest import free_port
-from tests.procs import descendants
 
 T = 0.7
 NS = "trn"

@@ -1,12 +1,21 @@
-"""Reading processes from /proc for tests that check what a service leaves running, or how busy it is.
+"""Reading processes from /proc, for the reliability suite and the tests that check what a service leaves
+running, or how busy it is.
 
-Threads and processes may exit while a test walks /proc: every reader tolerates that.
+Threads and processes may exit while a caller walks /proc: every reader tolerates that.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+from tba.lifetime import command_line as cmdline
+
+T = TypeVar("T")
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -44,13 +53,6 @@ def guarded_service(up_pid: int, name: str) -> int | None:
     return None
 
 
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except FileNotFoundError:
-        return ""
-
-
 def ancestors(pid: int) -> set[int]:
     """``pid`` and every process above it, up to the first process."""
     out = set()
@@ -75,7 +77,7 @@ def running_with(text: str) -> list[str]:
             continue
         try:
             if needle in (proc / "cmdline").read_bytes() or needle in (proc / "environ").read_bytes():
-                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                found.append(cmdline(int(proc.name)))
         except OSError:
             continue  # gone meanwhile, or a zombie
     return found
@@ -95,3 +97,18 @@ def cpu_seconds(pid: int) -> float:
     except FileNotFoundError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14 and 15 of stat
+
+
+def wait_while_running(what: str, probe: Callable[[], T], timeout: float, proc: subprocess.Popen, log: Path,
+                       interval: float = 0.2) -> T:
+    """``probe()``'s first truthy value; fails with ``proc``'s log if it exits or time runs out first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        if proc.poll() is not None:
+            command = " ".join(map(str, proc.args))[:100]
+            raise AssertionError(f"{command} exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(interval)
+    raise AssertionError(f"no {what} after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
