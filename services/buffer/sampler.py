@@ -10,7 +10,13 @@ once per batch. Samples are drawn without replacement when the prompt has at lea
 K candidates (for the reward branch, sequentially in proportion to the weights,
 i.e. Plackett-Luce via Gumbel top-K, so the first draw is exactly the softmax),
 i.i.d. with replacement otherwise. ``max_staleness`` drops samples older than
-``trainer_version - max_staleness``; ``only_version`` keeps exactly one version.
+``trainer_version - max_staleness``.
+
+``only_version`` (sync mode) is the on-policy draw instead: the batch's prompts are those
+holding samples of that version, and each prompt's K samples are drawn uniformly, without
+replacement, from the samples *as generated*: a completion generated c times at that version
+counts c times (the store keeps each distinct completion once, with its copies). When K equals
+the searchers' samples per prompt, a prompt's group is exactly what the policy generated.
 
 Cost of a call: prompts are drawn by rank from sorted sets (O(log N) each, in one
 Lua script), each chosen prompt's index is read whole (at most the per-prompt
@@ -29,7 +35,7 @@ from typing import Any
 from services.buffer.store import BufferStore, PromptView, decode_record
 from tba.schemas import SCHEMA_VERSION, SampleRequest
 
-RECENCY, REWARD = "recency", "reward"
+RECENCY, REWARD, ON_POLICY = "recency", "reward", "on_policy"
 
 
 class NotEnoughPrompts(Exception):
@@ -92,6 +98,17 @@ def choose_samples(rng: random.Random, candidates: Sequence[int], rewards: Seque
     return [candidates[j] for j in order[:k]]
 
 
+def choose_as_generated(rng: random.Random, candidates: Sequence[int], copies: Sequence[int], k: int) -> list[int]:
+    """K indices drawn uniformly from the samples as generated: index i stands for ``copies[i]`` samples.
+
+    Without replacement from that multiset when it holds at least K samples (all of them, in random
+    order, when it holds exactly K), i.i.d. in proportion to the copies otherwise."""
+    generated = [i for i in candidates for _ in range(max(1, copies[i]))]
+    if len(generated) >= k:
+        return rng.sample(generated, k)
+    return rng.choices(generated, k=k)
+
+
 class Sampler:
     """Serves ``POST /v1/sample`` from the store."""
 
@@ -125,7 +142,11 @@ class Sampler:
             cand = th.eligible(view.versions, branch)
             if not cand:  # cannot happen with a consistent index; never answer with an empty group
                 return None
-            idx = choose_samples(rng, cand, view.rewards, req.samples_per_prompt, branch, req.reward_inv_temp)
+            if th.exact is not None:
+                branch = ON_POLICY
+                idx = choose_as_generated(rng, cand, view.copies, req.samples_per_prompt)
+            else:
+                idx = choose_samples(rng, cand, view.rewards, req.samples_per_prompt, branch, req.reward_inv_temp)
             chosen.append((view, branch, idx))
         records = await self.store.records([(v.prompt_id, [v.sample_ids[i] for i in idx]) for v, _, idx in chosen],
                                            served=req.num_prompts * req.samples_per_prompt)

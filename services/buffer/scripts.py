@@ -34,6 +34,8 @@ Layout (names from :class:`tba.keys.Keys`; ``G`` is the global prefix ``<ns>:{g}
   global arrival counter ``G seq``, so "oldest version first, then oldest arrival" is the
   lowest score, across prompts too).
 - ``P rew``   hash: sample id -> reward.   ``P rec``: sample id -> msgpack record.
+- ``P cnt``   hash: sample id -> copies of it generated at its stored version, when more than one
+  (absent: one). Sync mode draws from these multiplicities, so its batches are on-policy samples.
 - ``P pv``    hash: version -> samples of that version in this prompt.
 - ``P groups`` sorted set: group id -> time; ``P deltas`` hash: group id -> msgpack delta
   (``''`` marks an attempt the recovery sweep abandoned); ``P rev`` the prompt's change count.
@@ -111,7 +113,7 @@ end
 
 -- Lua scripts are atomic but not rolled back: refuse before the first write if a key
 -- of this prompt has been overwritten with another type, so nothing partial is stored.
-for _, name in ipairs({'meta', 'ord', 'rew', 'rec', 'pv', 'groups', 'deltas'}) do
+for _, name in ipairs({'meta', 'ord', 'rew', 'rec', 'cnt', 'pv', 'groups', 'deltas'}) do
   local want = 'hash'
   if name == 'ord' or name == 'groups' then want = 'zset' end
   local t = redis.call('TYPE', k(name))['ok']
@@ -120,7 +122,7 @@ for _, name in ipairs({'meta', 'ord', 'rew', 'rec', 'pv', 'groups', 'deltas'}) d
   end
 end
 
-local ord, rew, rec = k('ord'), k('rew'), k('rec')
+local ord, rew, rec, cnt = k('ord'), k('rew'), k('rec'), k('cnt')
 local delta, reward_delta, evicted = {}, 0, 0
 local function note(v, r, sign)
   delta[v] = (delta[v] or 0) + sign
@@ -138,6 +140,7 @@ local function evict_oldest(n)
   redis.call('ZREMRANGEBYRANK', ord, 0, #hs - 1)
   sliced('HDEL', rew, hs)
   sliced('HDEL', rec, hs)
+  sliced('HDEL', cnt, hs)
   evicted = evicted + #hs
 end
 
@@ -161,22 +164,29 @@ if mode == 'w' then
     end
   end
   local old_rewards = sliced('HMGET', rew, replace)
-  for j, h in ipairs(replace) do stored[h][2] = old_rewards[j] end
+  local old_counts = sliced('HMGET', cnt, replace)
+  for j, h in ipairs(replace) do
+    stored[h][2] = old_rewards[j]
+    stored[h][3] = tonumber(old_counts[j]) or 1
+  end
 
-  local pend, order = {}, {}  -- sample id -> {score, reward, record}: what this group writes
+  -- sample id -> {score, reward, record, copies}: what this group writes
+  local pend, order = {}, {}
   for i = 1, n do
     local h, r, body = hs[i], ARGV[14 + 3 * (i - 1)], ARGV[15 + 3 * (i - 1)]
-    local item = {vstr(version * SHIFT + seq0 + i), r, body}
-    if pend[h] then  -- repeated within this group: the later copy wins
+    local item = {vstr(version * SHIFT + seq0 + i), r, body, 1}
+    if pend[h] then  -- repeated within this group: the later copy wins, one more copy of this version
       dup = dup + 1
       note(version, pend[h][2], -1)
       note(version, r, 1)
+      item[4] = pend[h][4] + 1
       pend[h] = item
     elseif stored[h] then  -- exact duplicate of a stored sample: keep the newest version
       dup = dup + 1
       if stored[h][2] then
         note(stored[h][1], stored[h][2], -1)
         note(version, r, 1)
+        if stored[h][1] == version then item[4] = stored[h][3] + 1 end
         pend[h] = item
         order[#order + 1] = h
       end
@@ -187,18 +197,21 @@ if mode == 'w' then
       order[#order + 1] = h
     end
   end
-  local zargs, rargs, cargs = {}, {}, {}
+  local zargs, rargs, cargs, nargs, singles = {}, {}, {}, {}, {}
   for _, h in ipairs(order) do
     local e = pend[h]
     zargs[#zargs + 1] = e[1]; zargs[#zargs + 1] = h
     rargs[#rargs + 1] = h; rargs[#rargs + 1] = e[2]
     cargs[#cargs + 1] = h; cargs[#cargs + 1] = e[3]
+    if e[4] > 1 then nargs[#nargs + 1] = h; nargs[#nargs + 1] = e[4] else singles[#singles + 1] = h end
   end
   if #order > 0 then
     sliced('ZADD', ord, zargs)
     sliced('HSET', rew, rargs)
     sliced('HSET', rec, cargs)
   end
+  if #nargs > 0 then sliced('HSET', cnt, nargs) end
+  if #singles > 0 then sliced('HDEL', cnt, singles) end
   local excess = redis.call('ZCARD', ord) - pcap
   if excess > 0 then evict_oldest(excess) end
 else  -- 'e': global capacity, samples older than the next prompt's oldest first
@@ -225,7 +238,7 @@ if #first > 0 then
   oldest = tonumber(first[2])
   newest = math.floor(tonumber(redis.call('ZRANGE', ord, -1, -1, 'WITHSCORES')[2]) / SHIFT)
 else  -- empty: drop the prompt's data (its group record and change count stay)
-  redis.call('DEL', k('meta'), k('rew'), k('rec'), k('pv'))
+  redis.call('DEL', k('meta'), k('rew'), k('rec'), k('cnt'), k('pv'))
 end
 local blob = cmsgpack.pack({d = changes, rd = string.format('%.17g', reward_delta), a = added, u = dup,
                             e = evicted, rev = redis.call('INCR', k('rev')), o = oldest, m = newest,
@@ -486,20 +499,25 @@ return out
 """
 
 # One prompt's record and index, read atomically.  KEYS[1]: its meta key.  ARGV: P
-# Returns {prompt_ids, text, task, then per sample: id, score, reward} ({} if the prompt is gone).
+# Returns {prompt_ids, text, task, then per sample: id, score, reward, copies} ({} if the prompt is gone).
 READ_PROMPT = """#!lua flags=no-writes
 local P = ARGV[1]
 local meta = redis.call('HMGET', P .. 'meta', 'ids', 'text', 'task')
 if not meta[1] then return {} end
 local ord = redis.call('ZRANGE', P .. 'ord', 0, -1, 'WITHSCORES')
-local flat = redis.call('HGETALL', P .. 'rew')
-local rew = {}
-for i = 1, #flat, 2 do rew[flat[i]] = flat[i + 1] end
+local function as_table(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+local rew = as_table(redis.call('HGETALL', P .. 'rew'))
+local cnt = as_table(redis.call('HGETALL', P .. 'cnt'))
 local out = {meta[1], meta[2] or '', meta[3] or ''}
 for i = 1, #ord, 2 do
   out[#out + 1] = ord[i]
   out[#out + 1] = ord[i + 1]
   out[#out + 1] = rew[ord[i]]
+  out[#out + 1] = cnt[ord[i]] or 1
 end
 return out
 """

@@ -68,7 +68,7 @@ class StreamEntry:
 
 @dataclass
 class PromptView:
-    """One prompt's samples as seen atomically: ids, versions, rewards, plus its record."""
+    """One prompt's samples as seen atomically: ids, versions, rewards, copies generated, plus its record."""
 
     prompt_id: str
     prompt_ids: list[int]
@@ -77,6 +77,7 @@ class PromptView:
     sample_ids: list[bytes]
     versions: list[int]
     rewards: list[float]
+    copies: list[int]  # how many times each sample was generated at its stored version
 
 
 class DroppedConnectionRetry(Retry):
@@ -416,10 +417,10 @@ class BufferStore:
 def _parse_view(prompt_id: str, raw: list[Any]) -> PromptView:
     """A READ_PROMPT answer; a prompt emptied since the pick reads as having no samples."""
     if not raw:
-        return PromptView(prompt_id, [], "", "", [], [], [])
-    ids, text, task, *triples = raw
+        return PromptView(prompt_id, [], "", "", [], [], [], [])
+    ids, text, task, *fields = raw
     return PromptView(
         prompt_id=prompt_id, prompt_ids=msgpack.unpackb(ids), prompt_text=(text or b"").decode(),
-        task=(task or b"").decode(), sample_ids=triples[0::3],
-        versions=[int(score) // scripts.VERSION_SHIFT for score in triples[1::3]],
-        rewards=[float(r) for r in triples[2::3]])
+        task=(task or b"").decode(), sample_ids=fields[0::4],
+        versions=[int(score) // scripts.VERSION_SHIFT for score in fields[1::4]],
+        rewards=[float(r) for r in fields[2::4]], copies=[int(c) for c in fields[3::4]])

@@ -179,6 +179,39 @@ def test_extreme_rewards_within_the_bounds_keep_every_counter_and_draw_right(mak
     assert best == {"x0": top, "x1": top, "x2": -top}
 
 
+def test_sync_mode_serves_samples_as_generated_not_as_stored(make_client) -> None:
+    """On-policy frequencies through the API: a completion generated 7 times in 8 (stored once) is served
+    7/8 of the time by ``only_version`` draws, with or without replacement (binomial tests)."""
+    from scipy.stats import binomtest
+
+    client = make_client()
+    common, rare = [11, 12], [13, 14]
+    for version in (5, 6):  # version 5's copies are not version 6's; a resent group counts once
+        group = make_group("p", version=version, rewards=[1.0] * 7 + [0.0], tokens=[common] * 7 + [rare])
+        assert post_group(client, group).status_code == 200
+        assert post_group(client, group).json()["resent"] is True
+
+    def draws(k: int, n: int) -> list[list[int]]:
+        out = []
+        for seed in range(n):
+            body = {"num_prompts": 1, "samples_per_prompt": k, "trainer_version": 6, "only_version": 6,
+                    "recency_prob": 0.0, "reward_inv_temp": 5.0, "seed": seed}
+            r = client.post("/v1/sample", json=body, headers={"Accept": "application/json"})
+            assert r.status_code == 200, r.text
+            out += [s["completion_ids"] for g in r.json()["groups"] for s in g["samples"]]
+        return out
+
+    one = draws(1, 400)  # the reward softmax does not apply: as generated, not reward-weighted
+    hits = sum(c == common for c in one)
+    assert binomtest(hits, len(one), 7 / 8).pvalue > 1e-3, hits
+    assert binomtest(hits, len(one), 1 / 2).pvalue < 1e-12, hits  # what drawing distinct completions gives
+    every = draws(8, 5)  # K equals what was generated: the generated group itself, each time
+    assert all(every[i:i + 8].count(common) == 7 for i in range(0, 40, 8))
+    many = draws(12, 40)  # K above what was generated: i.i.d. from the generated samples
+    hits = sum(c == common for c in many)
+    assert binomtest(hits, len(many), 7 / 8).pvalue > 1e-3, hits
+
+
 def test_invalid_sample_requests_name_the_field(make_client) -> None:
     client = make_client()
     for body, field in (({"num_prompts": 0, "samples_per_prompt": 1, "trainer_version": 0}, "num_prompts"),

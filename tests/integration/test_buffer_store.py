@@ -14,6 +14,7 @@ from services.buffer.sampler import NotEnoughPrompts, Sampler
 from services.buffer.scripts import VERSION_SHIFT
 from services.buffer.store import BufferStore, connect, sample_id
 from tba.codec import pack
+from tba.keys import Keys
 from tba.schemas import SampledBatch, SampleRequest
 from tba.settings import BufferSettings
 from tests.unit.buffer_factories import check_consistency, make_group
@@ -232,6 +233,32 @@ async def test_only_version_and_max_staleness_filter_samples(make_store) -> None
         assert all(s["staleness"] == 2 for g in batch["groups"] for s in g["samples"])
     with pytest.raises(NotEnoughPrompts, match="no older than version 5"):
         await sampler.sample(req(trainer_version=7, max_staleness=2))
+
+
+async def test_duplicates_are_counted_per_version_for_the_on_policy_draw(make_store, redis_server) -> None:
+    """A completion's copies count at its stored version only: repeats in a group and across groups of that
+    version add up, an older version's copy adds nothing, a newer version starts the count again."""
+    store = await make_store()
+    a, b, c = [7, 7], [8, 8], [9, 9]
+    await store.write_group(make_group("p", version=3, rewards=[1.0] * 4, tokens=[a, a, a, b]))
+    await store.write_group(make_group("p", version=3, rewards=[1.0] * 2, tokens=[a, c]))
+    await store.write_group(make_group("p", version=2, rewards=[1.0] * 2, tokens=[a, b]))
+
+    async def served(version: int, k: int) -> list[list[int]]:
+        batch = await Sampler(store).sample(req(samples_per_prompt=k, only_version=version, seed=1))
+        assert {g["branch"] for g in batch["groups"]} == {"on_policy"}
+        return sorted(s["completion_ids"] for s in batch["groups"][0]["samples"])
+
+    sync = redis_server.client()
+    copies = Keys("tba").prompt_key("p", "cnt")
+    assert sync.hgetall(copies) == {sample_id(a).encode(): b"4"}
+    assert await served(3, 6) == sorted([a] * 4 + [b, c])  # K = all generated: exactly the generated samples
+    await store.write_group(make_group("p", version=4, rewards=[1.0], tokens=[a]))
+    await store.write_group(make_group("p", version=4, rewards=[1.0], tokens=[b]))
+    assert await served(3, 6) == [c] * 6  # with replacement from the one sample left at version 3
+    assert await served(4, 2) == sorted([a, b])
+    assert sync.hgetall(copies) == {}  # one copy each: nothing recorded
+    check_consistency(sync)
 
 
 async def test_recency_takes_the_newest_versions_and_falls_back_to_reward(make_store) -> None:

@@ -48,6 +48,8 @@ def check_consistency(client, ns: str = "tba") -> dict:
         rew = client.hgetall(keys.prompt_key(p, "rew"))
         rec = client.hgetall(keys.prompt_key(p, "rec"))
         assert set(ord_) == set(rew) == set(rec), f"prompt {p}: ord/rew/rec disagree"
+        copies = {h: int(c) for h, c in client.hgetall(keys.prompt_key(p, "cnt")).items()}
+        assert set(copies) <= set(ord_) and all(c > 1 for c in copies.values()), f"prompt {p}: copies {copies}"
         assert ord_, f"prompt {p} is indexed but empty"
         versions = [s // VERSION_SHIFT for s in ord_.values()]
         assert pmax[p] == max(versions), f"prompt {p}: pmax {pmax[p]} != {max(versions)}"
