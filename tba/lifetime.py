@@ -135,10 +135,29 @@ def _kill(pgid: int, spare: set[int], wait: float = 2.0) -> dict[int, str]:
         time.sleep(0.02)
 
 
-def guard_command(argv: list[str], name: str, grace: float) -> list[str]:
-    """The command that runs ``argv`` under a guard whose parent is this process."""
+def parse_cpu_list(text: str, what: str = "cpu list") -> list[int]:
+    """``"0-2,5|6"`` (vLLM's form: ``|`` between tensor-parallel ranks) -> [0, 1, 2, 5, 6]."""
+    cpus: set[int] = set()
+    for part in text.replace("|", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"{what}={text!r}: {part!r} is not a CPU id or range") from None
+        if first < 0 or last < first:
+            raise ValueError(f"{what}={text!r}: {part!r} is not a CPU id or range")
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
+
+
+def guard_command(argv: list[str], name: str, grace: float, cpus: list[int] | None = None) -> list[str]:
+    """The command that runs ``argv`` under a guard whose parent is this process (on ``cpus`` if given)."""
+    where = ["--cpus", ",".join(map(str, cpus))] if cpus else []
     return [sys.executable, "-m", "tba.lifetime", "--name", name, "--parent", str(os.getpid()),
-            "--grace", str(grace), "--", *argv]
+            "--grace", str(grace), *where, "--", *argv]
 
 
 def _say(name: str, message: str) -> None:
@@ -198,11 +217,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grace", type=float, default=10.0,
                         help="Seconds the service gets between SIGTERM and SIGKILL once the parent is gone, and "
                              "a resource tracker left in the group to clean up.")
+    parser.add_argument("--cpus", default=None,
+                        help="Run the service and everything it starts on these CPUs (e.g. 0 or 1-3).")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the service's command.")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to run")
+    if args.cpus:  # inherited by the service and its children (vLLM's engine core and workers)
+        try:
+            os.sched_setaffinity(0, parse_cpu_list(args.cpus, "--cpus"))
+        except (ValueError, OSError) as err:
+            parser.error(f"--cpus {args.cpus!r}: {err}")
     guard(command, args.name, args.parent, args.grace)
 
 

@@ -45,6 +45,7 @@ class Child:
     log_path: Path
     restart: bool = True
     grace: float = GRACE_SECONDS
+    cpus: list[int] | None = None  # CPU placement of the child and all it starts (None: anywhere)
     proc: subprocess.Popen | None = None
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
@@ -55,7 +56,7 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            guard_command(self.argv, self.name, self.grace), env=self.env, stdout=out,
+            guard_command(self.argv, self.name, self.grace, self.cpus), env=self.env, stdout=out,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         out.close()

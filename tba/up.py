@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from tba.lifetime import parse_cpu_list
 from tba.ops import free_port
 
 HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."
@@ -51,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainer-procs", default=os.environ.get("TBA_TRAINER_PROCS", "1"),
                         help="Trainer processes: more than 1 runs the trainer as that many FSDP2 ranks under torchrun "
                              "(env TBA_TRAINER_PROCS; default 1).")
+    parser.add_argument("--trainer-cpus", default=os.environ.get("TBA_TRAINER_CPUS"),
+                        help="Run the trainer on these CPUs only, e.g. 1 or 2-3 (env TBA_TRAINER_CPUS; default: "
+                             "anywhere). Its torch threads default to their number.")
+    parser.add_argument("--searcher-cpus", default=os.environ.get("TBA_SEARCHER_CPUS"),
+                        help="Run every searcher (its vLLM engine included) and the run's own evaluations on these "
+                             "CPUs only, e.g. 0 (env TBA_SEARCHER_CPUS; default: anywhere). With --trainer-cpus: "
+                             "search and training on separate cores, as on separate GPUs.")
     parser.add_argument("--eval-every", type=float, default=30.0, help="Seconds between held-out evaluations.")
     parser.add_argument("--eval-prompts", type=int, default=200, help="Held-out prompts per evaluation.")
     parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live table.")
@@ -130,6 +138,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"tba up: --trainer-procs / TBA_TRAINER_PROCS must be a whole number from 1 to 1024, got "
               f"{args.trainer_procs!r}", file=sys.stderr)
         return 2
+    for flag in ("trainer_cpus", "searcher_cpus"):
+        text = getattr(args, flag)
+        if text is None:
+            continue
+        try:
+            cpus = parse_cpu_list(text, "--" + flag.replace("_", "-"))
+            outside = sorted(set(cpus) - os.sched_getaffinity(0))
+            if not cpus or outside:
+                raise ValueError(f"--{flag.replace('_', '-')}={text!r}: CPUs {outside or 'none'} are not among this "
+                                 f"machine's {sorted(os.sched_getaffinity(0))}")
+        except ValueError as err:
+            print(f"tba up: {err}", file=sys.stderr)
+            return 2
+        setattr(args, flag, cpus)
     if shutil.which("redis-server") is None:
         print("tba up: redis-server not found: apt-get install -y redis-server", file=sys.stderr)
         return 2
@@ -190,7 +212,8 @@ class LocalRun:
         status_urls["trainer"] = f"http://127.0.0.1:{port}"
         trainer_env = {**env, "TBA_BUFFER_URL": buffer_url, "TBA_METRICS_PORT": str(port), "TBA_MODE": self.args.mode,
                        "TBA_LOSS": self.args.loss, "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl")}
-        trainer_env.setdefault("TBA_TORCH_THREADS", "1")  # the searchers need the other core
+        # Default: one thread, the searchers need the other core; on cores of its own, one per core.
+        trainer_env.setdefault("TBA_TORCH_THREADS", str(len(self.args.trainer_cpus or [0])))
         if self.args.max_steps:
             trainer_env["TBA_MAX_STEPS"] = str(self.args.max_steps)
         # The trainer's time budget ends with the run's, so a decaying LR schedule reaches 0 as time runs out.
@@ -200,7 +223,8 @@ class LocalRun:
         trainer_env.setdefault("TBA_LR_SCHEDULE", "wsd")
         trainer_env.setdefault("TBA_LR_DECAY_FRACTION", "0.5")
         trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
-        self.sup.add(Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log"))
+        self.sup.add(Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log",
+                           cpus=self.args.trainer_cpus))
         for i in range(self.args.searchers):
             name, port = f"searcher-{i}", free_port()
             status_urls[name] = f"http://127.0.0.1:{port}"
@@ -209,9 +233,12 @@ class LocalRun:
             # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
             # its cycles (and fills the buffer with duplicates). One batch per policy version each.
             s_env.setdefault("TBA_MAX_BATCHES_PER_VERSION", "1")
-            # vLLM's CPU build pins every engine to the same core by default; spread them instead.
-            s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(i % (os.cpu_count() or 1)))
-            self.sup.add(Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log"))
+            # vLLM's CPU build pins every engine to the same core by default; spread them instead (over
+            # --searcher-cpus when given).
+            cpus = self.args.searcher_cpus or list(range(os.cpu_count() or 1))
+            s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[i % len(cpus)]))
+            self.sup.add(Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log",
+                               cpus=self.args.searcher_cpus))
         return buffer_url, status_urls
 
     def _subscribe_versions(self, redis_url: str, observer) -> None:
@@ -240,8 +267,9 @@ class LocalRun:
         from tba.evaluate import evaluate_checkpoint
 
         s = self.args.searcher_settings  # evaluate as the searchers ask: prompt form, completion length
+        threads = len(self.args.searcher_cpus or [])  # on the searchers' cores, one per core (0: the idle ones)
         result = evaluate_checkpoint(model_dir, self.args.task, n_prompts=self.args.eval_prompts, samples=0,
-                                     task_options=s.task_options, chat_template=s.chat_template,
+                                     threads=threads, task_options=s.task_options, chat_template=s.chat_template,
                                      system_prompt=s.system_prompt, max_new_tokens=s.max_new_tokens)
         acc = float(result["greedy_accuracy"])
         self.evals.append({"t": time.time() - self.t0, "version": version, "accuracy": acc})
@@ -253,6 +281,8 @@ class LocalRun:
         """Evaluate the newest checkpoint every --eval-every seconds (off the main thread)."""
         from tba.checkpoints import CheckpointError, CheckpointStore
 
+        if self.args.searcher_cpus:  # this thread only: evaluations take the searchers' cores, not the trainer's
+            os.sched_setaffinity(0, self.args.searcher_cpus)
         store = CheckpointStore(self.ckpt_dir)
         observer.record_accuracy(0, self._evaluate(base_model, 0))
         last = 0

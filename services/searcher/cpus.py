@@ -24,28 +24,14 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 
+from tba.lifetime import parse_cpu_list
+
 log = logging.getLogger(__name__)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def allowed_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """``"0-2,5|6"`` (vLLM's form: ``|`` between tensor-parallel ranks) -> [0, 1, 2, 5, 6]."""
-    cpus: set[int] = set()
-    for part in text.replace("|", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi or lo)
-        except ValueError:
-            raise ValueError(f"{BIND_ENV}={text!r}: {part!r} is not a CPU id or range") from None
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
 
 
 def _vllm_auto_cpus() -> list[int]:
@@ -70,7 +56,7 @@ def generation_cpus(environ: Mapping[str, str]) -> list[int] | None:
     bind = environ.get(BIND_ENV, "auto")
     if bind == "nobind":
         return None
-    return _vllm_auto_cpus() if bind == "auto" else parse_cpu_list(bind)
+    return _vllm_auto_cpus() if bind == "auto" else parse_cpu_list(bind, BIND_ENV)
 
 
 def spare_cpus(environ: Mapping[str, str] | None = None) -> list[int]:

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from services.searcher.cpus import generation_cpus, lower_thread_priority, parse_cpu_list, pinned, spare_cpus
+from services.searcher.cpus import generation_cpus, lower_thread_priority, pinned, spare_cpus
+from tba.lifetime import parse_cpu_list
 from services.searcher.engine import EngineStopped, guarded_call, should_restore
 
 
@@ -60,7 +61,9 @@ def test_cpu_lists_parse_as_vllm_writes_them() -> None:
     assert parse_cpu_list("3") == [3]
     assert parse_cpu_list("0-2,5|6-7") == [0, 1, 2, 5, 6, 7]  # '|' separates tensor-parallel ranks
     with pytest.raises(ValueError, match="VLLM_CPU_OMP_THREADS_BIND='0-x': '0-x' is not a CPU id or range"):
-        parse_cpu_list("0-x")
+        parse_cpu_list("0-x", "VLLM_CPU_OMP_THREADS_BIND")
+    with pytest.raises(ValueError, match="'3-1' is not a CPU id or range"):
+        parse_cpu_list("3-1")
 
 
 def test_spare_cpus_are_the_allowed_ones_the_generation_worker_leaves() -> None:

@@ -127,6 +127,27 @@ def test_a_crashing_child_is_reported_and_restarted(tmp_path: Path, sup: Supervi
     assert any("exited with code 3" in e for e in sup.events)
 
 
+def test_a_child_placed_on_cpus_runs_there_with_everything_it_starts(tmp_path: Path, sup: Supervisor) -> None:
+    """``Child.cpus`` (tba up --trainer-cpus / --searcher-cpus): the service and its own children are confined."""
+    cpu = max(os.sched_getaffinity(0))
+    code = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); "
+            "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])")
+    sup.add(Child("placed", [sys.executable, "-c", code], dict(os.environ), tmp_path / "placed.log", restart=False,
+                  cpus=[cpu]))
+    log = tmp_path / "placed.log"
+    assert _wait(lambda: log.exists() and log.read_text().count("[") == 2, timeout=20), log.read_text()
+    assert log.read_text().split() == [f"[{cpu}]", f"[{cpu}]"]
+
+
+def test_a_bad_cpu_list_is_refused_by_name() -> None:
+    bad = subprocess.run([sys.executable, "-m", "tba.lifetime", "--name", "x", "--parent", str(os.getpid()),
+                          "--cpus", "0-x", "--", "true"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--cpus '0-x'" in bad.stderr and "not a CPU id or range" in bad.stderr
+    up = subprocess.run([sys.executable, "-m", "tba.cli", "up", "--trainer-cpus", "4096"], capture_output=True,
+                        text=True, timeout=60)
+    assert up.returncode == 2 and "--trainer-cpus='4096': CPUs [4096] are not among this machine's" in up.stderr
+
+
 def test_stop_kills_grandchildren_too(tmp_path: Path, sup: Supervisor) -> None:
     """A child that spawns a process of its own (as vLLM does) and ignores SIGTERM leaves nothing behind."""
     child = sup.add(_service(tmp_path, "parent", "stubborn"))
