@@ -158,7 +158,8 @@ class SampleRequest(_Strict):
     max_staleness: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(None,
                                       description="Drop samples older than this many versions.")
     only_version: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(None,
-                                     description="Serve only samples of this exact version, drawn as generated (duplicates with their multiplicity): the on-policy draw of sync mode.")
+                                     description="Serve only samples of this exact version, drawn as generated "
+                                                 "(duplicates with their multiplicity): sync mode's on-policy draw.")
     seed: Annotated[int, Field(ge=-INT64, lt=INT64), _INTEGRAL] | None = Field(
         None, description="Seed for a reproducible draw (tests).")
     temperature: Temperature | None = Field(None, description="The caller's temperature T: the buffer refuses "
