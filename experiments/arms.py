@@ -1,0 +1,168 @@
+"""What every experiment shares: one arm of ``tba up`` run per seed, and honest statistics over seeds.
+
+An *arm* is a configuration of the system (task, trainer mode and loss, searchers, CPU placement,
+extra ``TBA_`` settings); an experiment runs each arm once per seed, from the same cached SFT base,
+one run after the other on the same machine. A finished run is not run again (its ``summary.json``
+is the record), so an interrupted experiment resumes where it stopped.
+
+Statistics are over seeds and say how many seeds they cover: ``mean ± sd (min-max, n)``; a time
+to a target that some seeds never reached is reported as "reached by k of n" with the times of
+those that did, never averaged as if the others had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    task: str = "arithmetic"
+    mode: str = "async"  # async | sync
+    loss: str = "tb"  # tb | grpo
+    searchers: int = 1
+    trainer_cpus: str | None = None  # tba up --trainer-cpus
+    searcher_cpus: str | None = None  # tba up --searcher-cpus
+    env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
+
+    def command(self, seed: int, minutes: float, run_dir: Path, eval_prompts: int, keep_evaluated: bool) -> list[str]:
+        cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--no-report", "--searchers", str(self.searchers),
+               "--minutes", str(minutes), "--run-dir", str(run_dir), "--task", self.task, "--mode", self.mode,
+               "--loss", self.loss, "--seed", str(seed), "--eval-prompts", str(eval_prompts)]
+        if keep_evaluated:
+            cmd.append("--keep-evaluated")
+        if self.trainer_cpus is not None:
+            cmd += ["--trainer-cpus", self.trainer_cpus]
+        if self.searcher_cpus is not None:
+            cmd += ["--searcher-cpus", self.searcher_cpus]
+        return cmd
+
+
+def cpu_times() -> list[tuple[int, int]]:
+    """(busy, total) jiffies of each CPU since boot, from /proc/stat."""
+    out = []
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *values = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                v = [int(x) for x in values]
+                idle = v[3] + v[4]  # idle + iowait
+                out.append((sum(v) - idle, sum(v)))
+    return out
+
+
+def busy_fractions(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> list[float]:
+    """Each CPU's busy fraction between two :func:`cpu_times` readings."""
+    return [round((b1 - b0) / max(1, t1 - t0), 3) for (b0, t0), (b1, t1) in zip(before, after, strict=True)]
+
+
+def run_arm(arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 200,
+            keep_evaluated: bool = False) -> dict:
+    """One ``tba up`` run of ``arm`` with ``seed`` in ``out/<arm>/seed-<seed>``; its summary, with the CPUs'
+    busy fractions over the run added (``cpu_busy``). ``keep_evaluated``: tba up --keep-evaluated."""
+    run_dir = out / arm.name / f"seed-{seed}"
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists() and json.loads(summary_path.read_text()).get("state") == "complete":
+        return json.loads(summary_path.read_text())
+    if run_dir.exists():  # an interrupted run: start it again from scratch
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    cmd = arm.command(seed, minutes, run_dir, eval_prompts, keep_evaluated)
+    print(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed}: {' '.join(cmd[2:])}", flush=True)
+    before = cpu_times()
+    with (run_dir / "up.log").open("w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT,
+                       env={**os.environ, "TBA_TASK": arm.task, **arm.env})
+    summary = json.loads(summary_path.read_text())
+    summary["cpu_busy"] = busy_fractions(before, cpu_times())
+    summary["arm"], summary["seed"] = arm.name, seed
+    summary_path.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def run_interleaved(arms: Sequence[Arm], seeds: int, minutes: float, out: Path, **kwargs) -> dict[str, list[dict]]:
+    """Every arm for every seed, seed by seed (arm A seed 0, arm B seed 0, A seed 1, ...), so that a drift of the
+    machine's speed over the hours touches every arm alike. Summaries by arm, in seed order."""
+    runs: dict[str, list[dict]] = {arm.name: [] for arm in arms}
+    for seed in range(seeds):
+        for arm in arms:
+            runs[arm.name].append(run_arm(arm, seed, minutes, out, **kwargs))
+    return runs
+
+
+def time_to(evaluations: Sequence[dict], target: float) -> float | None:
+    """Seconds to the first held-out evaluation at or above ``target``; None if never."""
+    return next((e["t"] for e in evaluations if e["accuracy"] >= target), None)
+
+
+def spread(values: Sequence[float | None], fmt: str = "{:.1f}", unit: str = "") -> str:
+    """``mean ± sd (min-max, n)`` of the values that exist; says how many of all there are when some are None."""
+    have = [v for v in values if v is not None]
+    if not have:
+        return f"not reached (0 of {len(values)})"
+    def show(v: float) -> str:
+        return fmt.format(v) + unit
+
+    if len(have) == 1:
+        text = show(have[0])
+    else:
+        text = (f"{show(statistics.mean(have))} ± {show(statistics.stdev(have))} "
+                f"({show(min(have))}-{show(max(have))})")
+    return text + (f", reached by {len(have)} of {len(values)}" if len(have) < len(values) else f", n={len(have)}")
+
+
+def ratio_spread(num: Sequence[float | None], den: Sequence[float | None]) -> str:
+    """Ratio of means with the range of per-seed ratios (seed i of one arm against seed i of the other)."""
+    pairs = [(a, b) for a, b in zip(num, den, strict=True) if a is not None and b is not None and b > 0]
+    if not pairs:
+        return "n/a (not reached by both)"
+    ratios = [a / b for a, b in pairs]
+    mean = statistics.mean(a for a, _ in pairs) / statistics.mean(b for _, b in pairs)
+    return f"{mean:.2f} (per seed {min(ratios):.2f}-{max(ratios):.2f}, {len(pairs)} pairs)"
+
+
+def plot_accuracy(runs: dict[str, list[dict]], path: Path, title: str, key: str = "accuracy",
+                  ylabel: str = "held-out greedy accuracy") -> None:
+    """Each arm's evaluations against wall-clock time: every seed faint, the mean over seeds on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, (name, summaries) in enumerate(runs.items()):
+        color = f"C{i}"
+        grid = np.linspace(0, max(e["t"] for s in summaries for e in s["evaluations"]), 60)
+        curves = []
+        for s in summaries:
+            t = [e["t"] for e in s["evaluations"]]
+            y = [e[key] for e in s["evaluations"]]
+            ax.plot(t, y, color=color, alpha=0.25, linewidth=1)
+            curves.append(np.interp(grid, t, y))
+        ax.plot(grid, np.mean(curves, axis=0), color=color, linewidth=2.2, label=f"{name} (mean of {len(curves)})")
+    ax.set_xlabel("wall-clock seconds")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_markdown(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
