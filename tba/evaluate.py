@@ -98,7 +98,7 @@ def greedy_accuracy(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any
         raise ValueError("no evaluation prompts")
     texts = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens,
                      prompt_format=prompt_format_for(task))
-    return sum(task.reward(p, t) > 0 for p, t in zip(prompts, texts, strict=True)) / len(prompts)
+    return sum(task.success(task.reward(p, t)) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
 
 
 def score_samples(task: Any, prompts: Sequence[Any], completions: Sequence[Sequence[str]],
@@ -109,7 +109,7 @@ def score_samples(task: Any, prompts: Sequence[Any], completions: Sequence[Seque
     for prompt, group in zip(prompts, completions, strict=True):
         rewards = task.rewards(prompt, list(group))
         reward_sum, n_total = reward_sum + sum(rewards), n_total + len(group)
-        correct = [t for t, r in zip(group, rewards, strict=True) if r > 0]
+        correct = [t for t, r in zip(group, rewards, strict=True) if task.success(r)]
         for k in ks:
             pass_k[k] += pass_at_k(len(group), len(correct), k)
         if task.multi_answer:
@@ -148,7 +148,7 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 20
     out: dict[str, Any] = {
         "task": task.name,
         "n_prompts": len(prompts),
-        "greedy_accuracy": sum(r > 0 for r in greedy_rewards) / len(prompts),
+        "greedy_accuracy": sum(task.success(r) for r in greedy_rewards) / len(prompts),
         "greedy_reward": sum(greedy_rewards) / len(prompts),
         "chat": task.chat,
         "samples": samples,

@@ -51,6 +51,10 @@ class Task(ABC):
         """A correct completion for the supervised warm-up."""
         raise NotImplementedError(f"task {self.name!r} has no supervised targets")
 
+    def success(self, reward: float) -> bool:
+        """Whether a reward counts as a correct answer (accuracy, pass@k); tasks with graded rewards override it."""
+        return reward > 0
+
     def answer_key(self, prompt: Prompt, completion: str) -> str | None:
         """Canonical form of a correct answer (to count distinct ones); None if incorrect."""
         return completion.strip() if self.reward(prompt, completion) > 0 else None

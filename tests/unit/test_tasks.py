@@ -23,7 +23,7 @@ def take(task, seed: int, n: int) -> list[Prompt]:
 # --- registry ---
 
 def test_registry_has_every_task() -> None:
-    assert task_names() == ["arithmetic", "countdown", "gsm8k", "reward-model", "sums"]
+    assert task_names() == ["arithmetic", "countdown", "gsm8k", "redteam", "reward-model", "sums"]
 
 
 def test_unknown_task_and_bad_options_are_named() -> None:
