@@ -47,8 +47,9 @@ lock:
 clean:
 	rm -rf $(VENV) .pytest_cache runs
 
+# make experiment [SEEDS=3] [ONLY="decoupling diversity redteam"]: the paper's claims (experiments/run.py, ~3.6 h)
 experiment: install
-	$(PY) -m experiments.compare
+	$(PY) -m experiments.run $(if $(SEEDS),--seeds $(SEEDS)) $(if $(ONLY),--only $(ONLY))
 
 # --- Containers: docker-compose.yml on a GPU host; CPU=1 on a host without one ---
 # make up [CPU=1 SEARCHERS=2] / make down / make images / make smoke (the CI container run)

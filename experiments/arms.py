@@ -32,6 +32,7 @@ class Arm:
     searchers: int = 1
     trainer_cpus: str | None = None  # tba up --trainer-cpus
     searcher_cpus: str | None = None  # tba up --searcher-cpus
+    base_model: str | None = None  # tba up --base-model (default: the task's own SFT base)
     env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
 
     def command(self, seed: int, minutes: float, run_dir: Path, eval_prompts: int, keep_evaluated: bool) -> list[str]:
@@ -40,6 +41,8 @@ class Arm:
                "--loss", self.loss, "--seed", str(seed), "--eval-prompts", str(eval_prompts)]
         if keep_evaluated:
             cmd.append("--keep-evaluated")
+        if self.base_model is not None:
+            cmd += ["--base-model", self.base_model]
         if self.trainer_cpus is not None:
             cmd += ["--trainer-cpus", self.trainer_cpus]
         if self.searcher_cpus is not None:
@@ -80,13 +83,13 @@ def run_arm(arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 
     run_dir.mkdir(parents=True)
     cmd = arm.command(seed, minutes, run_dir, eval_prompts, keep_evaluated)
     print(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed}: {' '.join(cmd[2:])}", flush=True)
-    before = cpu_times()
+    before, started = cpu_times(), time.time()
     with (run_dir / "up.log").open("w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT,
                        env={**os.environ, "TBA_TASK": arm.task, **arm.env})
     summary = json.loads(summary_path.read_text())
     summary["cpu_busy"] = busy_fractions(before, cpu_times())
-    summary["arm"], summary["seed"] = arm.name, seed
+    summary["arm"], summary["seed"], summary["started_at"] = arm.name, seed, started
     summary_path.write_text(json.dumps(summary, indent=1))
     return summary
 

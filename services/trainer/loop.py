@@ -237,9 +237,12 @@ class Trainer:
                 or (s.max_seconds is not None and self.run_seconds() >= s.max_seconds))
 
     def wait_for_warmup(self) -> None:
-        """Block until the buffer holds ``warmup_samples`` samples (ALGORITHM.md §3, warm-up)."""
+        """Block until the buffer holds ``warmup_samples`` samples (ALGORITHM.md §3, warm-up).
+
+        Sync mode has no warm-up: each step waits for its own version's samples, and the buffer's count
+        of distinct samples may never reach the warm-up's while the searchers wait for the next version."""
         self.metrics.set_state("warmup")
-        need = self.settings.warmup_samples
+        need = 0 if self.settings.mode == "sync" else self.settings.warmup_samples
         start, last_log = time.monotonic(), 0.0
         while need > 0:
             have = int(self.client.stats().get("samples", 0))

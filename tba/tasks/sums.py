@@ -77,6 +77,9 @@ class Sums(Task):
     def sft_target(self, prompt: Prompt) -> str:
         """A digit-wise split of n without carries, both parts positive, each written with n's digits."""
         digits = [int(d) for d in prompt.answer]
+        if sum(digits) < 2:  # 100, 1000: no digit-wise split has two positive sides
+            n, width = int(prompt.answer), len(prompt.answer)
+            return f"{1:0{width}d}+{n - 1:0{width}d}"
         while True:
             a = [self._targets.randint(0, d) for d in digits]
             b = [d - x for d, x in zip(digits, a, strict=True)]

@@ -309,6 +309,7 @@ def test_sums_warm_up_targets_are_correct_varied_digit_wise_splits() -> None:
     targets = {task.sft_target(p) for _ in range(200)}
     assert all(task.reward(p, t) == 1.0 and len(t) == 7 for t in targets)
     assert len(targets) > 100  # 5 * 6 * 8 = 240 splits, less the two with an empty side
+    assert task.sft_target(task._prompt(100)) == "001+099"  # no digit-wise split: still a correct answer
 
 
 def test_sums_held_out_is_disjoint_and_options_are_checked() -> None:

@@ -1,0 +1,119 @@
+"""Claim (3): on a sparse reward, more search finds more successes, and more distinct ones.
+
+Task ``redteam`` (tba/tasks/redteam.py): the tiny arithmetic model, asked the arithmetic prompts, is
+rewarded by a judge the project trains itself for completions that contain ``77`` (rare at the
+start: the base model's samples rarely hold it). The paper's red-team setup: the TB loss with a
+constant beta = 0.05 and a global buffer cap with the oldest samples evicted (``TBA_GLOBAL_CAPACITY``).
+
+The trainer's budget is fixed (its own core, the same wall-clock time, the same policy versions:
+a checkpoint every 8 steps); the search budget varies as the samples generated per policy version:
+the searcher, on its own core, stops after 1, 2 or 4 batches of a version until the next one
+(``TBA_MAX_BATCHES_PER_VERSION``; the largest is about what one core generates at all). Reported
+with spread over seeds:
+
+- samples generated, successes found by the search and distinct successes (distinct texts), from
+  the judge's record of every success the searcher scored;
+- the policy's success rate at the end: 16 samples per held-out prompt, and greedy;
+- the time until the greedy success rate first reaches 50 %.
+
+Cost: 3 budgets x seeds x (minutes + ~1 min); 3 seeds at 8 minutes: ~80 min.
+Run alone: ``python -m experiments.redteam [--seeds 3] [--minutes 8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from experiments.arms import Arm, plot_accuracy, run_interleaved, spread, time_to, write_markdown
+from experiments.decoupling import PLACEMENT
+
+BUDGETS = (1, 2, 4)  # generation batches per policy version
+TARGET = 0.5
+SAMPLES = 16
+
+
+def arms(out: Path) -> list[Arm]:
+    from tba.model.sft import ensure_base_model
+
+    base = ensure_base_model(task="arithmetic")  # the policy is the arithmetic model
+    result = []
+    for b in BUDGETS:
+        options = {"successes_dir": str((out / f"search-x{b}" / "successes").resolve())}
+        result.append(Arm(f"search-x{b}", task="redteam", **PLACEMENT, base_model=str(base), env={
+            "TBA_MAX_BATCHES_PER_VERSION": str(b), "TBA_CHECKPOINT_EVERY": "8", "TBA_BETA_START": "0.05",
+            "TBA_GLOBAL_CAPACITY": "20000", "TBA_TASK_OPTIONS": json.dumps(options)}))
+    return result
+
+
+def found(successes_dir: Path, since: float, until: float) -> dict:
+    """Successes the searcher scored in [since, until] (a seed's own run): count and distinct texts."""
+    texts = []
+    for path in successes_dir.glob("successes-searcher-*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if since <= rec["t"] <= until:
+                texts.append(rec["text"])
+    return {"successes": len(texts), "distinct": len(set(texts))}
+
+
+def measure(summary: dict, run_dir: Path, successes_dir: Path) -> dict:
+    from tba.evaluate import evaluate_checkpoint
+
+    end = evaluate_checkpoint(run_dir / "checkpoints", "redteam", n_prompts=200, samples=SAMPLES, pass_k=(1,))
+    start = summary["started_at"]
+    return {**found(successes_dir, start, start + summary["wall_seconds"] + 60),
+            "generated": summary["buffer"].get("samples_ingested", 0),
+            "sampled_success": end["pass_at_k"]["1"], "greedy_success": end["greedy_accuracy"],
+            "distinct_final": end["distinct_correct"],
+            "time_to_target": time_to(summary["evaluations"], TARGET)}
+
+
+def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], minutes: float, results: Path) -> None:
+    seeds = len(next(iter(runs.values())))
+    lines = [f"# Claim (3): search on a sparse reward, {minutes:g} minutes per run, {seeds} seeds per budget", "",
+             f"`python -m experiments.redteam --seeds {seeds} --minutes {minutes:g}`. Trainer on CPU 1 (a checkpoint "
+             "every 8 steps), searcher on CPU 0 generating at most N batches per policy version; TB, beta 0.05, a "
+             "global cap of 20,000 samples. Spread: mean ± sd (min-max, n) over seeds.", "",
+             "| search budget | samples generated | successes found | distinct successes found | policy success, "
+             f"sampled | policy success, greedy | distinct successes / prompt ({SAMPLES} samples) | time to "
+             f"{TARGET:.0%} greedy (s) |", "|---|---|---|---|---|---|---|---|"]
+    for name, ms in measures.items():
+        cells = [spread([m["generated"] for m in ms], "{:.0f}"), spread([m["successes"] for m in ms], "{:.0f}"),
+                 spread([m["distinct"] for m in ms], "{:.0f}"),
+                 spread([100 * m["sampled_success"] for m in ms], unit="%"),
+                 spread([100 * m["greedy_success"] for m in ms], unit="%"),
+                 spread([m["distinct_final"] for m in ms], "{:.2f}"),
+                 spread([m["time_to_target"] for m in ms], "{:.0f}")]
+        lines.append(f"| {name.replace('search-x', '')} batches / version | " + " | ".join(cells) + " |")
+    base = next(iter(runs.values()))[0]["evaluations"][0]["accuracy"]
+    lines += ["", f"The base model's greedy success rate on the held-out prompts: {base:.1%}.", "", "Per run:", ""]
+    for name, ms in measures.items():
+        for s, m in zip(runs[name], ms, strict=True):
+            lines.append(f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps, {m['generated']} samples, "
+                         f"{m['successes']} successes ({m['distinct']} distinct), policy {m['sampled_success']:.1%} "
+                         f"sampled / {m['greedy_success']:.1%} greedy")
+    lines += ["", "![greedy success rate against time](redteam.png)"]
+    write_markdown(results / "redteam.md", lines)
+    plot_accuracy(runs, results / "redteam.png", "Red-teaming: search budget (batches per policy version)",
+                  ylabel="held-out greedy success rate")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3, help="Seeds per budget (default 3).")
+    parser.add_argument("--minutes", type=float, default=8.0, help="Wall-clock budget of each run (default 8).")
+    parser.add_argument("--out", type=Path, default=Path("runs/experiments/redteam"), help="Run directories.")
+    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
+    args = parser.parse_args(argv)
+    the_arms = arms(args.out)
+    runs = run_interleaved(the_arms, args.seeds, args.minutes, args.out)
+    measures = {arm.name: [measure(s, args.out / arm.name / f"seed-{s['seed']}", args.out / arm.name / "successes")
+                           for s in runs[arm.name]] for arm in the_arms}
+    report(runs, measures, args.minutes, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
