@@ -1,0 +1,47 @@
+"""The experiments' statistics and bookkeeping (pure functions; the runs themselves are `make experiment`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.arms import Arm, busy_fractions, ratio_spread, spread, time_to
+from experiments.redteam import found
+
+
+def test_spread_says_how_many_seeds_it_covers_and_never_averages_the_missing() -> None:
+    assert spread([10.0, 20.0, 30.0], "{:.0f}") == "20 ± 10 (10-30), n=3"
+    assert spread([10.0, None, 30.0], "{:.0f}") == "20 ± 14 (10-30), reached by 2 of 3"
+    assert spread([None, None]) == "not reached (0 of 2)"
+    assert spread([0.5], unit="%") == "0.5%, n=1"
+
+
+def test_ratios_pair_seeds_and_skip_pairs_that_did_not_both_reach() -> None:
+    assert ratio_spread([100.0, 200.0, None], [200.0, 200.0, 50.0]) == "0.75 (per seed 0.50-1.00, 2 pairs)"
+    assert ratio_spread([None], [1.0]) == "n/a (not reached by both)"
+
+
+def test_time_to_target_is_the_first_evaluation_at_or_above_it() -> None:
+    ev = [{"t": 0, "accuracy": 0.3}, {"t": 30, "accuracy": 0.5}, {"t": 60, "accuracy": 0.4}]
+    assert time_to(ev, 0.5) == 30 and time_to(ev, 0.6) is None
+
+
+def test_busy_fractions_per_cpu() -> None:
+    assert busy_fractions([(0, 0), (10, 100)], [(50, 100), (10, 200)]) == [0.5, 0.0]
+
+
+def test_arm_command_places_the_services_and_names_the_base() -> None:
+    cmd = Arm("a", mode="sync", trainer_cpus="1", searcher_cpus="0", base_model="/m").command(
+        3, 2.0, Path("/r"), 50, keep_evaluated=True)
+    joined = " ".join(cmd)
+    for part in ("--mode sync", "--seed 3", "--minutes 2.0", "--trainer-cpus 1", "--searcher-cpus 0",
+                 "--base-model /m", "--keep-evaluated", "--eval-prompts 50"):
+        assert part in joined
+
+
+def test_successes_are_counted_per_run_window_from_the_searchers_records(tmp_path: Path) -> None:
+    rows = [(10.0, "177"), (11.0, "177"), (12.0, "77"), (99.0, "1770")]
+    (tmp_path / "successes-searcher-0-1.jsonl").write_text(
+        "".join(json.dumps({"t": t, "prompt": "p", "text": x}) + "\n" for t, x in rows))
+    (tmp_path / "successes-eval-2.jsonl").write_text(json.dumps({"t": 10.5, "prompt": "p", "text": "9977"}) + "\n")
+    assert found(tmp_path, 0.0, 50.0) == {"successes": 3, "distinct": 2}  # evaluations' successes not counted
