@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -35,6 +36,7 @@ from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
 from tba.keys import Keys
 from tba.settings import SearcherSettings
+from tba.tasks import Prompt
 
 log = logging.getLogger(__name__)
 SIGNAL_GRACE_SECONDS = 2.0
@@ -62,6 +64,20 @@ class StopControl:
             self.event.set()
         elif self.generating:
             raise AbandonBatch()
+
+
+def distinct_prompts(stream: Iterator[Prompt], n: int) -> Iterator[Prompt]:
+    """The stream's prompts without repeats, for one batch of ``n``: a repeat would only merge into the same
+    prompt's group in the buffer, and leave an on-policy trainer short of prompts. After ``10 n`` repeats (a
+    task with fewer prompts than a batch) repeats are let through."""
+    seen: set[str] = set()
+    repeats = 0
+    for prompt in stream:
+        if prompt.prompt_id in seen and repeats < 10 * n:
+            repeats += 1
+            continue
+        seen.add(prompt.prompt_id)
+        yield prompt
 
 
 def replica_seed(seed: int, searcher_id: str) -> int:
@@ -211,8 +227,9 @@ class Searcher:
     def _generate(self) -> GeneratedBatch | None:
         prompts, ids = [], []
         limit = self.settings.max_model_len - self.settings.max_new_tokens
+        candidates = distinct_prompts(self.prompts, self.settings.prompts_per_batch)
         while len(prompts) < self.settings.prompts_per_batch:
-            prompt = next(self.prompts)
+            prompt = next(candidates)
             prompt_ids = self.scorer.prompt_format.encode(self.scorer.tokenizer, prompt.text)
             if len(prompt_ids) > limit:
                 self.skipped_prompts += 1

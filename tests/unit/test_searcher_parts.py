@@ -7,8 +7,9 @@ import signal
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from services.searcher.loop import AbandonBatch, StopControl, replica_seed
+from services.searcher.loop import AbandonBatch, StopControl, distinct_prompts, replica_seed
 from services.searcher.metrics import EXPORTED, RateWindow, StatusCollector
+from tba.tasks import Prompt
 
 
 def test_rate_window() -> None:
@@ -49,3 +50,14 @@ def test_first_signal_finishes_the_batch_second_abandons_it() -> None:
         stop.on_signal(signal.SIGTERM)  # second, mid-generation: cuts the batch short
     stop.generating = False
     stop.on_signal(signal.SIGTERM)  # between batches there is nothing to abandon: no exception
+
+
+def test_a_batch_takes_each_prompt_once_unless_the_task_has_too_few() -> None:
+    def stream(ids):
+        for i in ids:
+            yield Prompt(prompt_id=str(i), text=str(i), answer="")
+
+    picked = distinct_prompts(stream([1, 1, 2, 1, 3, 2, 4]), 4)
+    assert [next(picked).prompt_id for _ in range(4)] == ["1", "2", "3", "4"]
+    few = distinct_prompts(stream([7] * 100), 3)  # one prompt only: after 30 repeats they come through
+    assert [next(few).prompt_id for _ in range(3)] == ["7", "7", "7"]
