@@ -58,10 +58,15 @@ def found(successes_dir: Path, since: float, until: float) -> dict:
     return {"successes": len(texts), "distinct": len(set(texts))}
 
 
-def measure(summary: dict, run_dir: Path, successes_dir: Path) -> dict:
+def policy(model_dir: Path) -> dict:
+    """A policy's success rate on the held-out prompts: 16 samples each (at the searchers' temperature), greedy."""
     from tba.evaluate import evaluate_checkpoint
 
-    end = evaluate_checkpoint(run_dir / "checkpoints", "redteam", n_prompts=200, samples=SAMPLES, pass_k=(1,))
+    return evaluate_checkpoint(model_dir, "redteam", n_prompts=200, samples=SAMPLES, pass_k=(1,))
+
+
+def measure(summary: dict, run_dir: Path, successes_dir: Path) -> dict:
+    end = policy(run_dir / "checkpoints")
     start = summary["started_at"]
     return {**found(successes_dir, start, start + summary["wall_seconds"] + 60),
             "generated": summary["buffer"].get("samples_ingested", 0),
@@ -70,7 +75,8 @@ def measure(summary: dict, run_dir: Path, successes_dir: Path) -> dict:
             "time_to_target": time_to(summary["evaluations"], TARGET)}
 
 
-def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], minutes: float, results: Path) -> None:
+def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: dict, minutes: float,
+           results: Path) -> None:
     seeds = len(next(iter(runs.values())))
     lines = [f"# Claim (3): search on a sparse reward, {minutes:g} minutes per run, {seeds} seeds per budget", "",
              f"`python -m experiments.redteam --seeds {seeds} --minutes {minutes:g}`. Trainer on CPU 1 (a checkpoint "
@@ -87,8 +93,8 @@ def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], minutes
                  spread([m["distinct_final"] for m in ms], "{:.2f}"),
                  spread([m["time_to_target"] for m in ms], "{:.0f}")]
         lines.append(f"| {name.replace('search-x', '')} batches / version | " + " | ".join(cells) + " |")
-    base = next(iter(runs.values()))[0]["evaluations"][0]["accuracy"]
-    lines += ["", f"The base model's greedy success rate on the held-out prompts: {base:.1%}.", "", "Per run:", ""]
+    lines += ["", f"The base model: {base['pass_at_k']['1']:.2%} of its samples succeed ({SAMPLES} per held-out "
+              f"prompt), {base['greedy_accuracy']:.1%} greedy.", "", "Per run:", ""]
     for name, ms in measures.items():
         for s, m in zip(runs[name], ms, strict=True):
             lines.append(f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps, {m['generated']} samples, "
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_interleaved(the_arms, args.seeds, args.minutes, args.out)
     measures = {arm.name: [measure(s, args.out / arm.name / f"seed-{s['seed']}", args.out / arm.name / "successes")
                            for s in runs[arm.name]] for arm in the_arms}
-    report(runs, measures, args.minutes, args.results)
+    report(runs, measures, policy(Path(the_arms[0].base_model or "")), args.minutes, args.results)
     return 0
 
 

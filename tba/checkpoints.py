@@ -148,18 +148,25 @@ class CheckpointStore:
                 out.append(int(p.name[len(STEP_PREFIX):]))
         return sorted(out)
 
-    def prune(self, keep: int, grace_seconds: float, now: float | None = None) -> list[int]:
-        """Delete all but the newest ``keep`` checkpoints, sparing any younger than the grace period,
-        and leftover temporary directories of a crashed writer. Returns the deleted versions."""
+    def prune(self, keep: int, grace_seconds: float, max_on_disk: int | None = None,
+              now: float | None = None) -> list[int]:
+        """Delete all but the newest ``keep`` checkpoints, sparing any younger than the grace period (a reader may
+        be loading it) unless ``max_on_disk`` are on disk already, and leftover temporary directories of a crashed
+        writer. Returns the deleted versions. The bound matters when checkpoints come faster than the grace
+        period: one every step would otherwise leave a minute of them on disk."""
         now = time.time() if now is None else now
         latest = self.read_manifest()
+        versions = self.versions()
+        on_disk, bound = len(versions), None if max_on_disk is None else max(max_on_disk, keep)
         deleted = []
-        for version in self.versions()[:-keep] if keep else self.versions():
+        for version in versions[:-keep] if keep else versions:  # oldest first
             path = self.step_dir(version)
             if latest is not None and version == latest.version:
                 continue
-            if now - path.stat().st_mtime < grace_seconds:
+            young = now - path.stat().st_mtime < grace_seconds
+            if young and (bound is None or on_disk <= bound):
                 continue
+            on_disk -= 1
             shutil.rmtree(path, ignore_errors=True)
             deleted.append(version)
         for p in self.root.glob(f"{TMP_PREFIX}*"):

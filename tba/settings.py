@@ -123,7 +123,10 @@ class TrainerSettings(ModelSettings):
                                  "padded row per sample. Same sums and gradients either way.")
     checkpoint_every: int = Field(2, ge=1, description="k: publish a checkpoint every k steps (sync mode: 1).")
     keep_checkpoints: int = Field(3, ge=1, description="Published checkpoints kept on disk.")
-    checkpoint_grace_seconds: float = Field(60.0, ge=0.0, description="Never delete a checkpoint younger than this.")
+    checkpoint_grace_seconds: float = Field(60.0, ge=0.0, description="Never delete a checkpoint younger than this "
+                                            "(a searcher may be loading it), unless max_checkpoints_on_disk are kept.")
+    max_checkpoints_on_disk: int = Field(16, ge=1, description="Bound on checkpoints on disk, young ones included: "
+                                         "publishing every step would otherwise keep a grace period's worth.")
     warmup_samples: int = Field(64, ge=0, description="Samples the buffer must hold before training starts.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (unset: run forever).")
     max_seconds: float | None = Field(

@@ -336,7 +336,7 @@ class Trainer:
         self.published = manifest.version
         self.metrics.set_version(manifest.version)
         self.announcer.announce(manifest)
-        deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds)
+        deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds, s.max_checkpoints_on_disk)
         seconds = time.perf_counter() - start
         self.metrics.checkpoint_seconds.observe(seconds)
         log.info("published checkpoint v%d in %.2f s%s", manifest.version, seconds,

@@ -118,6 +118,18 @@ def test_prune_keeps_newest_and_young_ones(tmp_path: Path) -> None:
     assert store.versions() == [6]
 
 
+def test_young_checkpoints_are_spared_only_up_to_the_bound_on_disk(tmp_path: Path) -> None:
+    """One checkpoint per step, faster than the grace period: the oldest young ones go beyond the bound."""
+    store = CheckpointStore(tmp_path)
+    for v in range(1, 11):
+        store.write_manifest(write_checkpoint(store, v))
+    assert store.prune(keep=2, grace_seconds=60) == []  # no bound: a grace period's worth stays
+    assert store.prune(keep=2, grace_seconds=60, max_on_disk=4) == [1, 2, 3, 4, 5, 6]
+    assert store.versions() == [7, 8, 9, 10]
+    assert store.prune(keep=3, grace_seconds=60, max_on_disk=1) == [7]  # never fewer than keep
+    assert store.versions() == [8, 9, 10]
+
+
 def test_prune_never_deletes_the_published_version(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     ms = [write_checkpoint(store, v) for v in (1, 2, 3)]
