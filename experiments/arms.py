@@ -2,8 +2,8 @@
 
 An *arm* is a configuration of the system (task, trainer mode and loss, searchers, CPU placement,
 extra ``TBA_`` settings); an experiment runs each arm once per seed, from the same cached SFT base,
-one run after the other on the same machine. A finished run is not run again (its ``summary.json``
-is the record), so an interrupted experiment resumes where it stopped.
+one run after the other on the same machine. A finished run of the same budget is not run again (its
+``summary.json`` is the record), so an interrupted experiment resumes where it stopped.
 
 Statistics are over seeds and say how many seeds they cover: ``mean ± sd (min-max, n)``; a time
 to a target that some seeds never reached is reported as "reached by k of n" with the times of
@@ -74,8 +74,10 @@ def run_arm(arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 
     busy fractions over the run added (``cpu_busy``). ``keep_evaluated``: tba up --keep-evaluated."""
     run_dir = out / arm.name / f"seed-{seed}"
     summary_path = run_dir / "summary.json"
-    if summary_path.exists() and json.loads(summary_path.read_text()).get("state") == "complete":
-        return json.loads(summary_path.read_text())
+    if summary_path.exists():
+        done = json.loads(summary_path.read_text())
+        if done.get("state") == "complete" and done.get("minutes") == minutes:
+            return done
     if run_dir.exists():  # an interrupted run: start it again from scratch
         import shutil
 
@@ -89,7 +91,7 @@ def run_arm(arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 
                        env={**os.environ, "TBA_TASK": arm.task, **arm.env})
     summary = json.loads(summary_path.read_text())
     summary["cpu_busy"] = busy_fractions(before, cpu_times())
-    summary["arm"], summary["seed"], summary["started_at"] = arm.name, seed, started
+    summary["arm"], summary["seed"], summary["started_at"], summary["minutes"] = arm.name, seed, started, minutes
     summary_path.write_text(json.dumps(summary, indent=1))
     return summary
 
