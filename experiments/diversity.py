@@ -63,9 +63,10 @@ def analyse(runs: dict[str, list[dict]], out: Path) -> tuple[float, dict[str, li
     measures: dict[str, list[dict]] = {}
     for name, hs in history.items():
         measures[name] = []
-        for h in hs:
+        for s, h in zip(runs[name], hs, strict=True):
             first = next(path for acc, path in h if acc >= matched)
-            measures[name].append({"end": measure(h[-1][1]), "matched": measure(first), "matched_at": first.name})
+            final = out / name / f"seed-{s['seed']}" / "checkpoints"  # the run's last checkpoint (LATEST)
+            measures[name].append({"end": measure(final), "matched": measure(first), "matched_at": first.name})
     return matched, measures
 
 
