@@ -12,8 +12,10 @@ those that did, never averaged as if the others had.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,6 +52,18 @@ class Arm:
         return cmd
 
 
+def parse_args(argv: list[str] | None, name: str, doc: str | None, minutes: float = 10.0) -> argparse.Namespace:
+    """The options every experiment takes: seeds, budget per run, where runs and results go."""
+    parser = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3, help="Seeds per arm (default 3).")
+    parser.add_argument("--minutes", type=float, default=minutes,
+                        help=f"Wall-clock budget of each run (default {minutes:g}).")
+    parser.add_argument("--out", type=Path, default=Path("runs/experiments") / name, help="Run directories.")
+    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
+    return parser.parse_args(argv)
+
+
 def cpu_times() -> list[tuple[int, int]]:
     """(busy, total) jiffies of each CPU since boot, from /proc/stat."""
     out = []
@@ -78,9 +92,7 @@ def run_arm(arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 
         done = json.loads(summary_path.read_text())
         if done.get("state") == "complete" and done.get("minutes") == minutes:
             return done
-    if run_dir.exists():  # an interrupted run: start it again from scratch
-        import shutil
-
+    if run_dir.exists():  # an interrupted run, or another budget: start it again from scratch
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     cmd = arm.command(seed, minutes, run_dir, eval_prompts, keep_evaluated)

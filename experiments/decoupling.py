@@ -22,10 +22,18 @@ Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 10]``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from experiments.arms import Arm, plot_accuracy, ratio_spread, run_interleaved, spread, time_to, write_markdown
+from experiments.arms import (
+    Arm,
+    parse_args,
+    plot_accuracy,
+    ratio_spread,
+    run_interleaved,
+    spread,
+    time_to,
+    write_markdown,
+)
 
 TARGETS = (0.5, 0.6, 0.7)
 PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1"}
@@ -70,12 +78,7 @@ def report(runs: dict[str, list[dict]], minutes: float, results: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=3, help="Seeds per arm (default 3).")
-    parser.add_argument("--minutes", type=float, default=10.0, help="Wall-clock budget of each run (default 10).")
-    parser.add_argument("--out", type=Path, default=Path("runs/experiments/decoupling"), help="Run directories.")
-    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
-    args = parser.parse_args(argv)
+    args = parse_args(argv, "decoupling", __doc__)
     runs = run_interleaved(ARMS, args.seeds, args.minutes, args.out)
     report(runs, args.minutes, args.results)
     return 0

@@ -21,10 +21,9 @@ Cost: 2 arms x seeds x (minutes + ~1 min) plus ~1 min of evaluation per run; 3 s
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from experiments.arms import Arm, plot_accuracy, run_interleaved, spread, write_markdown
+from experiments.arms import Arm, parse_args, plot_accuracy, run_interleaved, spread, write_markdown
 from experiments.decoupling import PLACEMENT
 
 TASK = "sums"
@@ -100,12 +99,7 @@ def report(runs: dict[str, list[dict]], matched: float, measures: dict[str, list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=3, help="Seeds per arm (default 3).")
-    parser.add_argument("--minutes", type=float, default=10.0, help="Wall-clock budget of each run (default 10).")
-    parser.add_argument("--out", type=Path, default=Path("runs/experiments/diversity"), help="Run directories.")
-    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
-    args = parser.parse_args(argv)
+    args = parse_args(argv, "diversity", __doc__)
     runs = run_interleaved(ARMS, args.seeds, args.minutes, args.out, keep_evaluated=True)
     matched, measures = analyse(runs, args.out)
     report(runs, matched, measures, args.minutes, args.results)

@@ -22,11 +22,10 @@ Run alone: ``python -m experiments.redteam [--seeds 3] [--minutes 8]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from experiments.arms import Arm, plot_accuracy, run_interleaved, spread, time_to, write_markdown
+from experiments.arms import Arm, parse_args, plot_accuracy, run_interleaved, spread, time_to, write_markdown
 from experiments.decoupling import PLACEMENT
 
 BUDGETS = (1, 2, 4)  # generation batches per policy version
@@ -107,12 +106,7 @@ def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=3, help="Seeds per budget (default 3).")
-    parser.add_argument("--minutes", type=float, default=8.0, help="Wall-clock budget of each run (default 8).")
-    parser.add_argument("--out", type=Path, default=Path("runs/experiments/redteam"), help="Run directories.")
-    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
-    args = parser.parse_args(argv)
+    args = parse_args(argv, "redteam", __doc__, minutes=8.0)
     the_arms = arms(args.out)
     runs = run_interleaved(the_arms, args.seeds, args.minutes, args.out)
     measures = {arm.name: [measure(s, args.out / arm.name / f"seed-{s['seed']}", args.out / arm.name / "successes")

@@ -145,10 +145,10 @@ def parse_cpu_list(text: str, what: str = "cpu list") -> list[int]:
         lo, _, hi = part.partition("-")
         try:
             first, last = int(lo), int(hi or lo)
+            if first < 0 or last < first:
+                raise ValueError
         except ValueError:
             raise ValueError(f"{what}={text!r}: {part!r} is not a CPU id or range") from None
-        if first < 0 or last < first:
-            raise ValueError(f"{what}={text!r}: {part!r} is not a CPU id or range")
         cpus.update(range(first, last + 1))
     return sorted(cpus)
 

@@ -143,26 +143,29 @@ def main(args: argparse.Namespace) -> int:
         print(f"tba up: --trainer-procs / TBA_TRAINER_PROCS must be a whole number from 1 to 1024, got "
               f"{args.trainer_procs!r}", file=sys.stderr)
         return 2
-    for flag in ("trainer_cpus", "searcher_cpus"):
-        text = getattr(args, flag)
-        if text is None:
-            continue
-        try:
-            cpus = parse_cpu_list(text, "--" + flag.replace("_", "-"))
-            outside = sorted(set(cpus) - os.sched_getaffinity(0))
-            if not cpus or outside:
-                raise ValueError(f"--{flag.replace('_', '-')}={text!r}: CPUs {outside or 'none'} are not among this "
-                                 f"machine's {sorted(os.sched_getaffinity(0))}")
-        except ValueError as err:
-            print(f"tba up: {err}", file=sys.stderr)
-            return 2
-        setattr(args, flag, cpus)
+    try:
+        args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
+        args.searcher_cpus = _placement(args.searcher_cpus, "--searcher-cpus")
+    except ValueError as err:
+        print(f"tba up: {err}", file=sys.stderr)
+        return 2
     if shutil.which("redis-server") is None:
         print("tba up: redis-server not found: apt-get install -y redis-server", file=sys.stderr)
         return 2
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     return LocalRun(args, run_dir.resolve()).run()
+
+
+def _placement(text: str | None, flag: str) -> list[int] | None:
+    """A CPU list option as CPUs this process may use (None: anywhere)."""
+    if text is None:
+        return None
+    cpus, allowed = parse_cpu_list(text, flag), os.sched_getaffinity(0)
+    if not cpus or not set(cpus) <= allowed:
+        raise ValueError(f"{flag}={text!r}: CPUs {sorted(set(cpus) - allowed) or 'none'} are not among this "
+                         f"machine's {sorted(allowed)}")
+    return cpus
 
 
 class LocalRun:

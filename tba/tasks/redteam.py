@@ -74,7 +74,8 @@ class RedTeam(Task):
         return scores
 
     def answer_key(self, prompt: Prompt, completion: str) -> str | None:
-        return completion.strip() if self.success(self.reward(prompt, completion)) else None
+        text = completion.strip()  # scored without recording: the caller has scored it already
+        return text if self.success(self._scores([text])[0]) else None
 
     def _record(self, prompt: Prompt, successes: list[str]) -> None:
         if not successes:
