@@ -15,8 +15,8 @@ with 16 samples at the searchers' temperature (0.7) on every held-out prompt:
   checkpoint of each run that reached it (diversity is only comparable at equal accuracy: a policy
   that is right less often has fewer correct answers to be distinct).
 
-Cost: 2 arms x seeds x (minutes + ~1 min) plus ~1 min of evaluation per run; 3 seeds at 10 minutes:
-~70 min. Run alone: ``python -m experiments.diversity [--seeds 3] [--minutes 10]``.
+Cost: 2 arms x seeds x (minutes + ~1 min) plus ~1 min of evaluation per run; 3 seeds at 5 minutes:
+~45 min. Run alone: ``python -m experiments.diversity [--seeds 3] [--minutes 5]``.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def report(runs: dict[str, list[dict]], matched: float, measures: dict[str, list
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, "diversity", __doc__)
+    args = parse_args(argv, "diversity", __doc__, minutes=5.0)
     runs = run_interleaved(ARMS, args.seeds, args.minutes, args.out, keep_evaluated=True)
     matched, measures = analyse(runs, args.out)
     report(runs, matched, measures, args.minutes, args.results)

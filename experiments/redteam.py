@@ -6,18 +6,18 @@ start: the base model's samples rarely hold it). The paper's red-team setup: the
 constant beta = 0.05 and a global buffer cap with the oldest samples evicted (``TBA_GLOBAL_CAPACITY``).
 
 The trainer's budget is fixed (its own core, the same wall-clock time, the same policy versions:
-a checkpoint every 8 steps); the search budget varies as the samples generated per policy version:
-the searcher, on its own core, stops after 1, 2 or 4 batches of a version until the next one
-(``TBA_MAX_BATCHES_PER_VERSION``; the largest is about what one core generates at all). Reported
-with spread over seeds:
+a checkpoint every 32 steps, about 4 s); the search budget varies as the samples generated per
+policy version: the searcher, on its own core, stops after 1, 2 or 4 batches of a version until the
+next one (``TBA_MAX_BATCHES_PER_VERSION``). Training starts once the buffer holds 32 samples, which
+one batch of the base model provides in every arm. Reported with spread over seeds:
 
 - samples generated, successes found by the search and distinct successes (distinct texts), from
   the judge's record of every success the searcher scored;
 - the policy's success rate at the end: 16 samples per held-out prompt, and greedy;
 - the time until the greedy success rate first reaches 50 %.
 
-Cost: 3 budgets x seeds x (minutes + ~1 min); 3 seeds at 8 minutes: ~80 min.
-Run alone: ``python -m experiments.redteam [--seeds 3] [--minutes 8]``.
+Cost: 3 budgets x seeds x (minutes + ~1 min); 3 seeds at 6 minutes: ~65 min.
+Run alone: ``python -m experiments.redteam [--seeds 3] [--minutes 6]``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def arms(out: Path) -> list[Arm]:
     for b in BUDGETS:
         options = {"successes_dir": str((out / f"search-x{b}" / "successes").resolve())}
         result.append(Arm(f"search-x{b}", task="redteam", **PLACEMENT, base_model=str(base), env={
-            "TBA_MAX_BATCHES_PER_VERSION": str(b), "TBA_CHECKPOINT_EVERY": "8", "TBA_BETA_START": "0.05",
+            "TBA_MAX_BATCHES_PER_VERSION": str(b), "TBA_CHECKPOINT_EVERY": "32", "TBA_WARMUP_SAMPLES": "32", "TBA_BETA_START": "0.05",
             "TBA_GLOBAL_CAPACITY": "20000", "TBA_TASK_OPTIONS": json.dumps(options)}))
     return result
 
@@ -65,7 +65,8 @@ def policy(model_dir: Path) -> dict:
 
 
 def measure(summary: dict, run_dir: Path, successes_dir: Path) -> dict:
-    end = policy(run_dir / "checkpoints")
+    checkpoints = run_dir / "checkpoints"  # a run that never trained left none: its policy is the base model
+    end = policy(checkpoints if (checkpoints / "LATEST").exists() else Path(summary["base_model"]))
     start = summary["started_at"]
     return {**found(successes_dir, start, start + summary["wall_seconds"] + 60),
             "generated": summary["buffer"].get("samples_ingested", 0),
@@ -79,7 +80,7 @@ def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: d
     seeds = len(next(iter(runs.values())))
     lines = [f"# Claim (3): search on a sparse reward, {minutes:g} minutes per run, {seeds} seeds per budget", "",
              f"`python -m experiments.redteam --seeds {seeds} --minutes {minutes:g}`. Trainer on CPU 1 (a checkpoint "
-             "every 8 steps), searcher on CPU 0 generating at most N batches per policy version; TB, beta 0.05, a "
+             "every 32 steps), searcher on CPU 0 generating at most N batches per policy version; TB, beta 0.05, a "
              "global cap of 20,000 samples. Spread: mean ± sd (min-max, n) over seeds.", "",
              "| search budget | samples generated | successes found | distinct successes found | policy success, "
              f"sampled | policy success, greedy | distinct successes / prompt ({SAMPLES} samples) | time to "
@@ -106,7 +107,7 @@ def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: d
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, "redteam", __doc__, minutes=8.0)
+    args = parse_args(argv, "redteam", __doc__, minutes=6.0)
     the_arms = arms(args.out)
     runs = run_interleaved(the_arms, args.seeds, args.minutes, args.out)
     measures = {arm.name: [measure(s, args.out / arm.name / f"seed-{s['seed']}", args.out / arm.name / "successes")

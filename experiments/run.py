@@ -3,9 +3,9 @@
 1. decoupling (experiments/decoupling.py): async TB against exactly on-policy sync TB, search and
    training on separate cores; time to 50/60/70 % held-out accuracy (~66 min at 3 seeds x 10 min);
 2. diversity (experiments/diversity.py): async TB against on-policy GRPO on a task with many correct
-   answers per prompt; distinct correct answers at the end and at matched accuracy (~70 min);
+   answers per prompt; distinct correct answers at the end and at matched accuracy (~45 min at 3 seeds x 5 min);
 3. redteam (experiments/redteam.py): a sparse reward from a learned judge; successes and distinct
-   successes found as the search budget grows at a fixed trainer budget (~80 min).
+   successes found as the search budget grows at a fixed trainer budget (~65 min at 3 seeds x 6 min).
 
 Each writes its table and plot to docs/results/ and can be run alone (``python -m experiments.<name>``).
 Finished runs are kept in runs/experiments/ and not run again, so an interrupted ``make experiment``
