@@ -4,15 +4,17 @@ PY := $(VENV)/bin/python
 TBA := $(VENV)/bin/tba
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo up down bench experiment lint lock clean fuzz soak security
+.PHONY: install test test-fast demo up down bench experiment lint lock clean fuzz soak security tensorboard
 
 install:
 	@./scripts/bootstrap.sh
 
 test: install
+	@./scripts/test-tools.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
+	@./scripts/test-tools.sh
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: install
@@ -40,6 +42,10 @@ chaos: install
 
 lint: install
 	$(VENV)/bin/ruff check tba services tests benchmarks experiments reliability
+
+# make tensorboard [RUNS=runs]: TensorBoard over every run's event files (the trainer's steps, the evaluations)
+tensorboard: install
+	$(VENV)/bin/tensorboard --logdir $(or $(RUNS),runs) --host 127.0.0.1
 
 lock:
 	$(VENV)/bin/pip freeze --exclude-editable | grep -v -E '^(tba==|torchvision|torchaudio|torchcodec)' > requirements/cpu.txt
