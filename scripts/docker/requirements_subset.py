@@ -32,7 +32,8 @@ EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
 UNLOCKED_OK = {"setuptools"}
 # uvicorn's fast event loop and HTTP parser: the buffer's throughput depends on them.
 WEB_EXTRAS = ["uvloop", "httptools"]
-ML = ["torch", "transformers", "tokenizers", "safetensors", "peft"]
+# tensorboard: the trainer writes its event files where TBA_TENSORBOARD_DIR is set.
+ML = ["torch", "transformers", "tokenizers", "safetensors", "peft", "tensorboard"]
 
 
 def project_dependencies() -> list[str]:
