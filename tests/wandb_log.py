@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,20 @@ def records(path: Path) -> Iterator[bytes]:
             pending = b""
 
 
-def read_run(path: Path) -> dict[str, Any]:
-    """A run's group, job type and history rows (each a dict of key -> value) from its .wandb file."""
+def read_run(path: Path, timeout: float = 30.0) -> dict[str, Any]:
+    """A run's group, job type and history rows (each a dict of key -> value) from its .wandb file.
+
+    W&B's own service process writes the file, and may still be writing it when ``finish()`` has
+    returned in the process that logged: the run is read once its exit record is in."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    run: dict[str, Any] = {"history": []}
+    deadline = time.monotonic() + timeout
+    while True:
+        kinds = [pb.Record.FromString(raw).WhichOneof("record_type") for raw in records(path)]
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    run: dict[str, Any] = {"history": [], "complete": "exit" in kinds}
     for raw in records(path):
         rec = pb.Record()
         rec.ParseFromString(raw)

@@ -191,6 +191,7 @@ def test_wandb_offline_runs_hold_the_trainer_and_evaluation_series(run: dict) ->
 
     files = sorted((run["dir"] / "wandb").glob("offline-run-*/run-*.wandb"))
     runs = {r["job_type"]: r for r in map(read_run, files)}
+    assert all(r["complete"] for r in runs.values()), "a W&B run never finished its log"
     assert set(runs) == {"trainer", "eval"}, [str(f) for f in files]
     assert {r["group"] for r in runs.values()} == {run["dir"].name}
     steps = [json.loads(line) for line in (run["dir"] / "trainer_metrics.jsonl").read_text().splitlines()]

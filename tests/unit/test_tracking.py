@@ -34,6 +34,7 @@ def test_tensorboard_and_wandb_offline_hold_what_was_logged(tmp_path: Path) -> N
 
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     run = read_run(log)
+    assert run["complete"], "W&B never finished its log"
     assert (run["group"], run["job_type"], run["name"]) == ("run-1", "trainer", "run-1-trainer")
     assert [(row["_step"], row["trainer/loss"]) for row in run["history"]] == [
         (1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
