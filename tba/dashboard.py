@@ -1,9 +1,9 @@
 """What ``tba up`` shows and records while the system runs.
 
-:class:`Observer` polls the services' own endpoints (buffer ``/v1/stats``,
-trainer and searcher ``/status``) and the checkpoint announcements on Redis;
-it keeps a timeline for the report. :func:`render` turns one snapshot into the
-live console table; :func:`one_line` is the same for logs and CI.
+:class:`Observer` polls the services' own endpoints (buffer ``/v1/stats``, trainer and searcher
+``/status``) and the checkpoint announcements on Redis; it derives rates from consecutive polls and
+keeps a timeline for the report. :func:`render` turns one snapshot into the live console, a panel
+per part of the system; :func:`one_line` is the same for logs and CI (stdout not a terminal).
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.console import Group
+from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
+
+SPARK = "▁▂▃▄▅▆▇█"
 
 
 @dataclass
@@ -25,8 +30,8 @@ class Snapshot:
     trainer: dict[str, Any] = field(default_factory=dict)
     buffer: dict[str, Any] = field(default_factory=dict)
     searchers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    accuracy: float | None = None
-    accuracy_version: int | None = None
+    accuracy: list[tuple[int, float]] = field(default_factory=list)  # (version, held-out accuracy), oldest first
+    rates: dict[str, float] = field(default_factory=dict)  # per second, from this poll and the previous one
 
 
 class Observer:
@@ -40,8 +45,8 @@ class Observer:
         self.timeline_path = timeline
         self.t0 = time.time()
         self.versions_published: list[tuple[float, int]] = []
-        self.accuracy: float | None = None
-        self.accuracy_version: int | None = None
+        self.accuracy: list[tuple[int, float]] = []
+        self.previous: Snapshot | None = None
         self._lock = threading.Lock()
 
     def _get(self, url: str) -> dict[str, Any]:
@@ -61,7 +66,9 @@ class Observer:
             else:
                 snap.searchers[name] = status
         with self._lock:
-            snap.accuracy, snap.accuracy_version = self.accuracy, self.accuracy_version
+            snap.accuracy = list(self.accuracy)
+        snap.rates = rates(self.previous, snap)
+        self.previous = snap
         with self.timeline_path.open("a") as f:
             f.write(json.dumps({"t": snap.t, "trainer": snap.trainer, "buffer": _buffer_brief(snap.buffer),
                                 "searchers": snap.searchers}, default=str) + "\n")
@@ -74,15 +81,39 @@ class Observer:
 
     def record_accuracy(self, version: int, accuracy: float) -> None:
         with self._lock:
-            self.accuracy, self.accuracy_version = accuracy, version
+            self.accuracy.append((version, accuracy))
 
     def close(self) -> None:
         self.http.close()
 
 
 def _buffer_brief(stats: dict[str, Any]) -> dict[str, Any]:
-    keys = ("prompts", "samples", "reward_mean", "samples_ingested", "groups_ingested", "dead_letters")
+    keys = ("prompts", "samples", "reward_mean", "samples_ingested", "samples_duplicate", "groups_ingested",
+            "dead_letters")
     return {k: stats.get(k) for k in keys}
+
+
+def rates(before: Snapshot | None, now: Snapshot) -> dict[str, float]:
+    """Trainer steps and buffer ingest per second between two polls (absent where a poll missed a value)."""
+    if before is None or now.t <= before.t:
+        return {}
+    dt = now.t - before.t
+    out = {}
+    for name, part, key in (("steps_per_s", "trainer", "step"), ("ingest_per_s", "buffer", "samples_ingested")):
+        a, b = getattr(before, part).get(key), getattr(now, part).get(key)
+        if isinstance(a, int | float) and isinstance(b, int | float) and b >= a:
+            out[name] = (b - a) / dt
+    return out
+
+
+def sparkline(values: list[float], width: int = 24, low: float = 0.0, high: float = 1.0) -> str:
+    """The last ``width`` values as block characters between ``low`` and ``high``."""
+    span = max(high - low, 1e-12)
+    out = []
+    for v in values[-width:]:
+        level = min(max((v - low) / span, 0.0), 1.0)
+        out.append(SPARK[round(level * (len(SPARK) - 1))])
+    return "".join(out)
 
 
 def _fmt(value: Any, spec: str = "") -> str:
@@ -94,40 +125,106 @@ def _fmt(value: Any, spec: str = "") -> str:
         return str(value)
 
 
-def render(snap: Snapshot, events: list[str]) -> Table:
-    """The live console: one row per service, then the last events."""
-    tr, bf = snap.trainer, snap.buffer
-    table = Table(title=f"TBA  ·  {snap.t:6.0f} s", expand=False)
-    for col in ("service", "state", "version", "detail"):
-        table.add_column(col)
-    acc = f"held-out acc {_fmt(snap.accuracy, '.1%')} (v{_fmt(snap.accuracy_version)})"
-    table.add_row(
-        "trainer", _fmt(tr.get("state", tr.get("error"))), _fmt(tr.get("version")),
-        f"step {_fmt(tr.get('step'))}  reward {_fmt(tr.get('reward_mean'), '.3f')}  loss {_fmt(tr.get('loss'), '.3f')}"
-        f"  stale {_fmt(tr.get('staleness_mean'), '.1f')}  {_fmt(tr.get('tokens_per_s'), '.0f')} tok/s  {acc}",
-    )
-    table.add_row(
-        "buffer", "error" if "error" in bf else "ok", "",
-        f"{_fmt(bf.get('samples'))} samples / {_fmt(bf.get('prompts'))} prompts"
-        f"  reward {_fmt(bf.get('reward_mean'), '.3f')}"
-        f"  dead letters {_fmt(bf.get('dead_letters', bf.get('samples_dead_lettered')))}",
-    )
-    for name, st in sorted(snap.searchers.items()):
-        table.add_row(
-            name, _fmt(st.get("state", st.get("error"))), _fmt(st.get("version")),
-            f"{_fmt(st.get('samples_per_s'), '.1f')} samples/s  {_fmt(st.get('tokens_per_s'), '.0f')} tok/s"
-            f"  groups {_fmt(st.get('groups_published'))}  reload {_fmt(st.get('reload_ms_last'), '.0f')} ms",
-        )
-    for event in events[-3:]:
-        table.add_row("event", "", "", event)
+def _state(status: dict[str, Any]) -> Text:
+    state = str(status.get("state", status.get("error", "-")))
+    if state.startswith("paused"):  # a searcher: "paused: <why>"
+        return Text(state, style="yellow")
+    style = {"training": "green", "running": "green", "warmup": "yellow", "waiting": "yellow",
+             "starting": "yellow", "reloading": "yellow", "stopping": "blue", "done": "blue",
+             "stopped": "blue"}.get(state, "red")
+    return Text(state, style=style)
+
+
+def _fields(rows: list[tuple[str, str]]) -> Table:
+    """A two-column table of name / value: a panel's body."""
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="dim")
+    table.add_column()
+    for name, value in rows:
+        table.add_row(name, value)
     return table
 
 
+def _trainer_panel(snap: Snapshot) -> Panel:
+    tr = snap.trainer
+    body = _fields([
+        ("step", f"{_fmt(tr.get('step'))}  v{_fmt(tr.get('version'))}  {_fmt(snap.rates.get('steps_per_s'), '.1f')}"
+                 " steps/s"),
+        ("loss", _fmt(tr.get("loss"), ".4g")),
+        ("reward", _fmt(tr.get("reward_mean"), ".3f")),
+        ("KL", _fmt(tr.get("kl"), ".3g")),
+        ("lr", _fmt(tr.get("lr"), ".2e")),
+        ("staleness", f"{_fmt(tr.get('staleness_mean'), '.1f')} versions"),
+        ("wait", f"{_fmt(tr.get('wait_s'), '.2f')} s"),
+    ])
+    return Panel(body, title=Text.assemble("trainer  ", _state(tr)), title_align="left")
+
+
+def _buffer_panel(snap: Snapshot) -> Panel:
+    bf = snap.buffer
+    ingested, duplicates = bf.get("samples_ingested"), bf.get("samples_duplicate")
+    dup = duplicates / ingested if isinstance(ingested, int) and ingested and isinstance(duplicates, int) else None
+    body = _fields([
+        ("samples", f"{_fmt(bf.get('samples'))} in {_fmt(bf.get('prompts'))} prompts"),
+        ("ingest", f"{_fmt(snap.rates.get('ingest_per_s'), '.1f')} samples/s"),
+        ("duplicates", _fmt(dup, ".0%")),
+        ("reward", _fmt(bf.get("reward_mean"), ".3f")),
+        ("dead letters", _fmt(bf.get("dead_letters", bf.get("samples_dead_lettered")))),
+    ])
+    state = Text("error", style="red") if "error" in bf else Text("ok", style="green")
+    return Panel(body, title=Text.assemble("buffer  ", state), title_align="left")
+
+
+def _searchers_panel(snap: Snapshot) -> Panel:
+    table = Table(box=None, padding=(0, 1), show_edge=False)
+    for col, justify in (("searcher", "left"), ("state", "left"), ("version", "right"), ("lag", "right"),
+                         ("samples/s", "right"), ("reload", "right")):
+        table.add_column(col, justify=justify, style="dim" if col == "searcher" else None)
+    trainer_version = snap.trainer.get("version")
+    for name, st in sorted(snap.searchers.items()):
+        version = st.get("version")
+        lag = trainer_version - version if isinstance(trainer_version, int) and isinstance(version, int) else None
+        reload_ms = st.get("reload_ms_last")
+        table.add_row(name, _state(st), _fmt(version), _fmt(lag), _fmt(st.get("samples_per_s"), ".1f"),
+                      "-" if reload_ms is None else f"{reload_ms:.0f} ms")
+    return Panel(table, title="searchers", title_align="left")
+
+
+def _accuracy_panel(snap: Snapshot) -> Panel:
+    if not snap.accuracy:
+        return Panel(Text("waiting for the first evaluation", style="dim"), title="held-out accuracy",
+                     title_align="left")
+    (v0, first), (v, last) = snap.accuracy[0], snap.accuracy[-1]
+    best = max(a for _, a in snap.accuracy)
+    body = _fields([
+        ("now", f"{last:.1%} at v{v}  (start {first:.1%} at v{v0}, best {best:.1%})"),
+        ("trend", sparkline([a for _, a in snap.accuracy])),
+    ])
+    return Panel(body, title="held-out accuracy", title_align="left")
+
+
+def render(snap: Snapshot, events: list[str], budget_s: float | None = None, title: str = "TBA") -> Group:
+    """The live console: a header, a panel per part of the system, then restarts and warnings."""
+    remaining = f"  ·  {max(0.0, budget_s - snap.t):.0f} s left" if budget_s is not None else ""
+    header = Text.assemble((title, "bold"), f"  ·  {snap.t:.0f} s elapsed{remaining}")
+    grid = Table.grid(expand=True, padding=(0, 1))
+    grid.add_column(ratio=1)
+    grid.add_column(ratio=1)
+    grid.add_row(_trainer_panel(snap), _buffer_panel(snap))
+    parts: list[Any] = [header, grid, _searchers_panel(snap), _accuracy_panel(snap)]
+    if events:
+        parts.append(Panel(Text("\n".join(events[-4:]), style="yellow"),
+                           title=f"restarts and warnings ({len(events)})", title_align="left"))
+    return Group(*parts)
+
+
 def one_line(snap: Snapshot) -> str:
+    """One progress line for a log (stdout not a terminal)."""
     tr, bf = snap.trainer, snap.buffer
     versions = ",".join(f"{n}=v{_fmt(s.get('version'))}" for n, s in sorted(snap.searchers.items()))
+    acc = snap.accuracy[-1][1] if snap.accuracy else None
     return (
         f"[{snap.t:5.0f}s] trainer step {_fmt(tr.get('step'))} v{_fmt(tr.get('version'))}"
         f" reward {_fmt(tr.get('reward_mean'), '.3f')} | buffer {_fmt(bf.get('samples'))} samples"
-        f" | acc {_fmt(snap.accuracy, '.1%')} | {versions}"
+        f" | acc {_fmt(acc, '.1%')} | {versions}"
     )

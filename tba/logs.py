@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -35,3 +36,13 @@ def setup_logging(level: str = "INFO", json_lines: bool = False) -> None:
     root.setLevel(level)
     # One line per HTTP request drowns everything else (tba up polls every second).
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def silence_progress_bars() -> None:
+    """Turn off the progress bars transformers and huggingface_hub draw while loading and saving models:
+    in a console that shows something else (tba up's live panels, a service's log) they are noise."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read at import; inherited by child processes
+    if "transformers" in sys.modules:  # imported already: its switch was read, turn it off directly
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()

@@ -1,8 +1,13 @@
 """The end of a local run: ``summary.json`` and a self-contained HTML report.
 
-Plots come from what the run recorded: the trainer's per-step metrics file,
-the held-out evaluations, and the timeline the observer polled. The HTML embeds
-its PNGs, so the run directory can be copied or attached as it is.
+The report is for a person: first a summary of the run in short lines (accuracy start to end, time
+to each target, steps, samples generated / stored / duplicates, staleness, restarts and events),
+then the plots, each series drawn raw and faint with a smoothed line on top. Long lists (every
+version published, each searcher's versions) stay in ``summary.json``.
+
+Plots come from what the run recorded: the trainer's per-step metrics file, the held-out
+evaluations, and the timeline the observer polled. The HTML embeds its PNGs, so the run directory
+can be copied or attached as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+TARGETS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+MAX_CELL = 120  # characters: a summary cell holds a short text, never a list
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -37,10 +47,34 @@ def time_to_accuracy(evals: list[dict[str, Any]], target: float) -> float | None
     return None
 
 
+def staleness_counts(steps: list[dict[str, Any]]) -> Counter[int]:
+    """How many trained samples were how many versions stale, over the given steps."""
+    counts: Counter[int] = Counter()
+    for s in steps:
+        for k, v in (s.get("staleness_hist") or {}).items():
+            counts[int(k)] += int(v)
+    return counts
+
+
+def quantile(counts: Counter[int], q: float) -> int | None:
+    """The ``q`` quantile of a distribution given as value -> count (the smallest value reaching it)."""
+    total = sum(counts.values())
+    if total == 0:
+        return None
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen >= q * total:
+            return value
+    return max(counts)
+
+
 def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
     evals = run.evals
     versions = sorted({v for _, v in observer.versions_published})
     steps = read_jsonl(run.run_dir / "trainer_metrics.jsonl")
+    stale = staleness_counts(steps)
+    n_stale = sum(stale.values())
     return {
         "task": run.args.task,
         "mode": run.args.mode,
@@ -52,14 +86,130 @@ def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
         "groups_stored": final_stats.get("groups_stored"),
         "buffer": {k: v for k, v in final_stats.items() if k != "searcher_versions"},
         "trainer_steps": steps[-1].get("step") if steps else None,
+        "staleness": {"mean": sum(k * v for k, v in stale.items()) / n_stale if n_stale else None,
+                      "p95": quantile(stale, 0.95), "max": max(stale) if stale else None},
         "accuracy_start": evals[0]["accuracy"] if evals else None,
         "accuracy_end": evals[-1]["accuracy"] if evals else None,
         "evaluations": evals,
-        "time_to_accuracy_s": {f"{t:.2f}": time_to_accuracy(evals, t) for t in (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)},
+        "time_to_accuracy_s": {f"{t:.2f}": time_to_accuracy(evals, t) for t in TARGETS},
         "restarts": {c.name: c.restarts for c in run.sup.children if c.restarts},
         "events": run.sup.events,
         "wall_seconds": round(time.time() - run.t0, 1),
     }
+
+
+# --- the summary a person reads first ---------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _count(x: Any) -> str:
+    return f"{x:,}" if isinstance(x, int) else "-"
+
+
+def samples_generated(timeline: list[dict[str, Any]]) -> int | None:
+    """Completions the searchers generated: each searcher's last count (a restarted one starts again at 0,
+    so its counts before the restart are added)."""
+    total, last = 0, {}
+    for row in timeline:
+        for name, st in (row.get("searchers") or {}).items():
+            n = st.get("samples_generated")
+            if isinstance(n, int):
+                if n < last.get(name, 0):  # restarted: keep what the previous life generated
+                    total += last[name]
+                last[name] = n
+    return total + sum(last.values()) if last else None
+
+
+def summary_rows(summary: dict[str, Any], timeline: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The report's first table: one short line per figure."""
+    evals = summary.get("evaluations") or []
+    best = max(evals, key=lambda e: e["accuracy"]) if evals else None
+    reached = [f"{float(t):.0%} at {s:.0f} s" for t, s in summary["time_to_accuracy_s"].items() if s is not None]
+    missed = [f"{float(t):.0%}" for t, s in summary["time_to_accuracy_s"].items() if s is None]
+    b = summary.get("buffer") or {}
+    ingested, duplicates = b.get("samples_ingested"), b.get("samples_duplicate")
+    dup = f" ({duplicates / ingested:.0%} of ingested)" if isinstance(ingested, int) and ingested else ""
+    stale = summary.get("staleness") or {}
+    restarts = ", ".join(f"{k} {v}x" for k, v in summary.get("restarts", {}).items()) or "none"
+    versions = summary.get("versions_published") or []
+    rows = [
+        ("run", f"{summary['task']}, {summary['mode']} {summary['loss']}, {summary['searchers']} searcher(s), "
+                f"{summary['wall_seconds']:.0f} s"),
+        ("held-out greedy accuracy", f"{_pct(summary.get('accuracy_start'))} → {_pct(summary.get('accuracy_end'))}"
+                                     + (f" (best {best['accuracy']:.1%} at v{best['version']})" if best else "")),
+        ("time to accuracy", ", ".join(reached) or "no target reached"),
+        ("targets not reached", ", ".join(missed) or "none"),
+        ("trainer steps", f"{_count(summary.get('trainer_steps'))}, {len(versions)} versions published"
+                          + (f" (last v{versions[-1]})" if versions else "")),
+        ("samples generated", _count(samples_generated(timeline))),
+        ("samples ingested / stored", f"{_count(ingested)} / {_count(b.get('samples'))} in "
+                                      f"{_count(b.get('prompts'))} prompts"),
+        ("duplicates", f"{_count(duplicates)}{dup}"),
+        ("evicted / dead-lettered", f"{_count(b.get('samples_evicted'))} / {_count(b.get('samples_dead_lettered'))}"),
+        ("staleness of trained samples", "-" if stale.get("mean") is None else
+         f"mean {stale['mean']:.1f}, p95 {stale['p95']}, max {stale['max']} versions"),
+        ("restarts", restarts),
+        ("events", f"{len(summary.get('events') or [])} (listed below)" if summary.get("events") else "none"),
+    ]
+    return [(k, v if len(v) <= MAX_CELL else v[:MAX_CELL - 1] + "…") for k, v in rows]
+
+
+# --- plots ------------------------------------------------------------------------------------------------
+
+def smooth(values: list[float], window: int) -> np.ndarray:
+    """Centred moving average over ``window`` points (shorter at the ends), NaN-free input."""
+    v = np.asarray(values, dtype=float)
+    if window <= 1 or v.size == 0:
+        return v
+    kernel = np.ones(window)
+    sums = np.convolve(v, kernel, mode="same")
+    counts = np.convolve(np.ones_like(v), kernel, mode="same")
+    return sums / counts
+
+
+def _window(n: int) -> int:
+    return max(1, n // 40)
+
+
+def _raw_and_smooth(ax, xs: list[float], ys: list[float], label: str, color: str) -> None:
+    """A series as a person reads it: raw points faint, a smoothed line on top."""
+    if not xs:
+        return
+    ax.plot(xs, ys, color=color, alpha=0.2, linewidth=0.8)
+    ax.plot(xs, smooth(ys, _window(len(ys))), color=color, linewidth=2, label=label)
+
+
+def rate_series(times: list[float], counts: list[float], window_s: float) -> tuple[list[float], list[float]]:
+    """Events per second over the trailing ``window_s`` seconds at each time, from a cumulative count."""
+    out_t, out_r = [], []
+    j = 0
+    for t, c in zip(times, counts, strict=True):
+        while times[j] < t - window_s:
+            j += 1
+        if t > times[j]:
+            out_t.append(t)
+            out_r.append(max(0.0, (c - counts[j]) / (t - times[j])))
+    return out_t, out_r
+
+
+def staleness_over_steps(steps: list[dict[str, Any]], bins: int = 40) -> dict[str, list[float]]:
+    """Median, p95 and mean staleness of the trained samples per window of steps."""
+    out: dict[str, list[float]] = {"step": [], "p50": [], "p95": [], "mean": []}
+    with_hist = [s for s in steps if s.get("staleness_hist")]
+    if not with_hist:
+        return out
+    size = max(1, len(with_hist) // bins)
+    for i in range(0, len(with_hist), size):
+        chunk = with_hist[i:i + size]
+        counts = staleness_counts(chunk)
+        n = sum(counts.values())
+        out["step"].append(chunk[len(chunk) // 2]["step"])
+        out["p50"].append(quantile(counts, 0.5))
+        out["p95"].append(quantile(counts, 0.95))
+        out["mean"].append(sum(k * v for k, v in counts.items()) / n)
+    return out
 
 
 def _png(fig) -> str:
@@ -80,66 +230,97 @@ def _plots(run_dir: Path, evals: list[dict[str, Any]], t0: float) -> dict[str, s
     timeline = read_jsonl(run_dir / "timeline.jsonl")
     figs: dict[str, str] = {}
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
-    if steps:
-        axes[0].plot([s.get("t", 0) for s in steps], [s.get("reward_mean") for s in steps], label="batch reward")
-        axes[1].plot([s.get("step") for s in steps], [s.get("reward_mean") for s in steps], label="batch reward")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    rewarded = [s for s in steps if s.get("reward_mean") is not None]
+    _raw_and_smooth(axes[0], [s["t"] for s in rewarded], [s["reward_mean"] for s in rewarded], "batch reward", "C0")
+    _raw_and_smooth(axes[1], [s["step"] for s in rewarded], [s["reward_mean"] for s in rewarded], "batch reward",
+                    "C0")
     if evals:
-        axes[0].plot([e["t"] for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
-        axes[1].plot([e["version"] for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
-    axes[0].set_xlabel("wall-clock seconds")
-    axes[1].set_xlabel("trainer step (version)")
+        axes[0].plot([e["t"] for e in evals], [e["accuracy"] for e in evals], "o-", color="C3",
+                     label="held-out greedy accuracy")
+        axes[1].plot([e["version"] for e in evals], [e["accuracy"] for e in evals], "o-", color="C3",
+                     label="held-out greedy accuracy")
+    axes[0].set_xlabel("seconds since the start")
+    axes[1].set_xlabel("trainer step (= policy version)")
     for ax in axes:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend()
-    figs["Reward and held-out accuracy"] = _png(fig)
+        ax.legend(loc="lower right")
+    figs["Held-out accuracy and batch reward"] = _png(fig)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.2))
-    ts = [r["t"] for r in timeline]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    st = staleness_over_steps(steps)
+    if st["step"]:
+        axes[0].fill_between(st["step"], 0, st["p95"], color="C1", alpha=0.2, label="0 to p95")
+        axes[0].plot(st["step"], st["p50"], color="C1", linewidth=2, label="median")
+        axes[0].plot(st["step"], st["mean"], color="C1", linestyle="--", label="mean")
+        axes[0].set_ylim(0, max(1.0, 1.1 * max(st["p95"])))
+        axes[0].legend(loc="upper left")
+    axes[0].set_xlabel("trainer step")
+    axes[0].set_ylabel("versions behind the policy")
+    axes[0].set_title("staleness of trained samples")
     sized = [(r["t"], (r.get("buffer") or {}).get("samples")) for r in timeline]
     sized = [(t, n) for t, n in sized if n is not None]  # a missed poll is a gap, not an empty buffer
-    axes[0].plot([t for t, _ in sized], [n for _, n in sized])
-    axes[0].set_title("buffer size (samples)")
-    stale: Counter[int] = Counter()
-    for s in steps:
-        for k, v in (s.get("staleness_hist") or {}).items():
-            stale[int(k)] += int(v)
-    if stale:
-        xs = sorted(stale)
-        axes[1].bar(xs, [stale[x] for x in xs])
-    axes[1].set_title("staleness of trained samples (versions)")
-    searcher_rate = [sum((st.get("samples_per_s") or 0) for st in (r.get("searchers") or {}).values())
-                     for r in timeline]
-    axes[2].plot(ts, searcher_rate, label="searchers samples/s")
-    axes[2].plot([s.get("t", 0) for s in steps], [s.get("samples_per_s") or 0 for s in steps],
-                 label="trainer samples/s")
-    axes[2].set_title("throughput")
-    axes[2].legend()
-    for ax in (axes[0], axes[2]):
-        ax.set_xlabel("wall-clock seconds")
-    figs["Buffer, staleness, throughput"] = _png(fig)
+    axes[1].plot([t for t, _ in sized], [n for _, n in sized], color="C2")
+    axes[1].set_xlabel("seconds since the start")
+    axes[1].set_title("samples stored in the buffer")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    figs["Staleness and buffer"] = _png(fig)
+    plt.close(fig)
+
+    # Two panels: training consumes samples far faster than one searcher makes them on small models,
+    # and on one axis the searchers' lines would lie flat along the bottom.
+    fig, (train_ax, gen_ax) = plt.subplots(1, 2, figsize=(12, 3.8))
+    if steps:
+        done = np.cumsum([s.get("samples", 0) for s in steps]).tolist()
+        _raw_and_smooth(train_ax, *rate_series([s["t"] for s in steps], done, 10.0), "trainer", "C0")
+    train_ax.set_title("trained on (samples/s, 10 s window)")
+    ingested = [(r["t"], (r.get("buffer") or {}).get("samples_ingested")) for r in timeline]
+    ingested = [(t, n) for t, n in ingested if isinstance(n, int)]
+    if ingested:
+        _raw_and_smooth(gen_ax, *rate_series([t for t, _ in ingested], [n for _, n in ingested], 10.0),
+                        "buffer (ingested)", "C2")
+    names = sorted({n for r in timeline for n in (r.get("searchers") or {})})
+    for i, name in enumerate(names):
+        points = [(r["t"], r["searchers"][name].get("samples_per_s")) for r in timeline
+                  if name in (r.get("searchers") or {})]
+        points = [(t, v) for t, v in points if isinstance(v, int | float)]
+        _raw_and_smooth(gen_ax, [t for t, _ in points], [v for _, v in points], name, f"C{4 + i % 6}")
+    gen_ax.set_title("generated and ingested (samples/s)")
+    for ax in (train_ax, gen_ax):
+        ax.set_xlabel("seconds since the start")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right")
+    figs["Throughput per service"] = _png(fig)
     plt.close(fig)
     return figs
 
 
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1150px;color:#222}"
+         "table{border-collapse:collapse;margin-bottom:1.5em}td,th{padding:3px 10px;text-align:left;"
+         "border-bottom:1px solid #ddd;font-size:14px;vertical-align:top}th{font-weight:600;white-space:nowrap}"
+         "img{max-width:100%}li{font-size:13px;font-family:monospace}")
+
+
 def write_report(run_dir: Path, summary: dict[str, Any], t0: float) -> Path:
-    figs = _plots(run_dir, summary["evaluations"], t0)
-    rows = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>"
-        for k, v in summary.items() if k not in ("evaluations", "buffer")
-    )
-    imgs = "".join(f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{b}'>" for t, b in figs.items())
+    timeline = read_jsonl(run_dir / "timeline.jsonl")
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                   for k, v in summary_rows(summary, timeline))
+    events = summary.get("events") or []
+    event_list = ("<h2>Events</h2><ul>" + "".join(f"<li>{html.escape(e[:300])}</li>" for e in events[-50:])
+                  + "</ul>") if events else ""
+    imgs = "".join(f"<h2>{html.escape(t)}</h2><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'>"
+                   for t, b in _plots(run_dir, summary["evaluations"], t0).items())
     page = (
-        "<!doctype html><meta charset='utf-8'><title>TBA run report</title>"
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}td,th{padding:2px 8px;text-align:left;"
-        "border-bottom:1px solid #ddd;font-size:13px}img{max-width:100%}</style>"
-        f"<h1>TBA run: {html.escape(summary['task'])}, {summary['mode']} {summary['loss']}</h1>"
-        f"<p>held-out greedy accuracy {summary['accuracy_start']} → {summary['accuracy_end']} "
-        f"in {summary['wall_seconds']} s</p><table>{rows}</table>{imgs}"
+        f"<!doctype html><meta charset='utf-8'><title>TBA run report</title><style>{STYLE}</style>"
+        f"<h1>TBA run: {html.escape(summary['task'])}, {html.escape(summary['mode'])} "
+        f"{html.escape(summary['loss'])}</h1><table id='summary'>{rows}</table>{imgs}{event_list}"
+        "<p>Every figure, with the full lists of versions, is in summary.json beside this file.</p>"
     )
     out = run_dir / "report.html"
     out.write_text(page)
     return out
-

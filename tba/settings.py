@@ -135,6 +135,15 @@ class TrainerSettings(ModelSettings):
     poll_seconds: float = Field(0.5, gt=0.0, le=60.0, description="Wait between checks while the buffer lacks data.")
     request_timeout: float = Field(30.0, gt=0.0, description="Timeout of one buffer HTTP request in seconds.")
     metrics_file: Path | None = Field(None, description="Append one JSON line of metrics per step to this file.")
+    tensorboard_dir: Path | None = Field(None, description="Write each step's figures as TensorBoard events here "
+                                         "(tba up: <run dir>/tensorboard; unset: none).")
+    wandb: Literal["off", "offline", "online"] = Field(
+        "off", description="Weights & Biases: off, offline (no account; `wandb sync` uploads later) or online "
+        "(WANDB_API_KEY from the environment); needs pip install 'tba[wandb]'.")
+    wandb_project: str = Field("tba", min_length=1, max_length=128, description="W&B project.")
+    wandb_group: str | None = Field(None, max_length=128, description="W&B group: one system run's trainer and "
+                                    "evaluation runs (tba up: the run directory's name).")
+    wandb_dir: Path | None = Field(None, description="Where W&B writes its files (unset: the working directory).")
     sample_seed: int | None = Field(None, description="Seed the buffer's draws with this + step (reproducible runs).")
     lora_alpha: float = Field(16.0, gt=0.0, le=1e6, description="LoRA alpha (adapters scale by alpha / r).")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training.")

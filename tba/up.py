@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from tba.lifetime import parse_cpu_list
 from tba.ops import free_port
+from tba.tracking import Tracker
 
 HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."
 log = logging.getLogger("tba.up")
@@ -66,7 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-evaluated", action="store_true",
                         help="Keep a copy of every evaluated checkpoint in <run-dir>/evaluated/ (for analyses after "
                              "the run; the trainer keeps only its newest few).")
-    parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live table.")
+    parser.add_argument("--wandb", choices=["off", "offline", "online"], default=os.environ.get("TBA_WANDB", "off"),
+                        help="Also log to Weights & Biases (pip install 'tba[wandb]'): offline needs no account, "
+                             "its files go to <run-dir>/wandb (env TBA_WANDB; default off). TensorBoard event files "
+                             "are always written to <run-dir>/tensorboard.")
+    parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live panels.")
     parser.add_argument("--no-report", action="store_true",
                         help="Skip the HTML report (summary.json is always written).")
 
@@ -104,10 +110,17 @@ class _Stop:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tba.logs import setup_logging
+    from tba.logs import setup_logging, silence_progress_bars
     from tba.tasks import make_task
 
     setup_logging(os.environ.get("TBA_LOG_LEVEL", "INFO"))
+    silence_progress_bars()
+    if args.wandb not in ("off", "offline", "online"):
+        print(f"tba up: --wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}", file=sys.stderr)
+        return 2
+    if args.wandb != "off" and importlib.util.find_spec("wandb") is None:
+        print(f"tba up: --wandb {args.wandb} needs Weights & Biases: pip install 'tba[wandb]'", file=sys.stderr)
+        return 2
     try:
         make_task(args.task, json.loads(os.environ.get("TBA_TASK_OPTIONS", "{}")))
     except ValueError as err:
@@ -186,6 +199,8 @@ class LocalRun:
         self.evals: list[dict] = []
         self.base_model: Path | None = None
         self.endpoints: dict[str, str] = {}  # service name -> its address, for the running summary
+        self.tracker: Tracker | None = None  # the evaluations' TensorBoard events (and W&B run)
+        self.title = f"TBA  {args.task}  {args.mode} {args.loss}  {args.searchers} searcher(s)  {run_dir}"
 
     # --- start-up -------------------------------------------------------
     def _base_env(self, base_model: Path, redis_url: str) -> dict[str, str]:
@@ -220,7 +235,8 @@ class LocalRun:
         port = free_port()
         status_urls["trainer"] = f"http://127.0.0.1:{port}"
         trainer_env = {**env, "TBA_BUFFER_URL": buffer_url, "TBA_METRICS_PORT": str(port), "TBA_MODE": self.args.mode,
-                       "TBA_LOSS": self.args.loss, "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl")}
+                       "TBA_LOSS": self.args.loss, "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl"),
+                       **{f"TBA_{k.upper()}": str(v) for k, v in self._tracking().items()}}
         # Default: one thread, the searchers need the other core; on cores of its own, one per core.
         trainer_env.setdefault("TBA_TORCH_THREADS", str(len(self.args.trainer_cpus or [0])))
         if self.args.max_steps:
@@ -251,6 +267,11 @@ class LocalRun:
             self.sup.add(Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log",
                                cpus=self.args.searcher_cpus))
         return buffer_url, status_urls
+
+    def _tracking(self) -> dict[str, str | Path]:
+        """Where the trainer and the evaluations write TensorBoard events and W&B runs (tba/tracking.py)."""
+        return {"tensorboard_dir": self.run_dir / "tensorboard", "wandb": self.args.wandb,
+                "wandb_group": self.run_dir.name, "wandb_dir": self.run_dir}
 
     def _separate_cores(self) -> bool:
         """Search and training placed on disjoint CPUs (--searcher-cpus, --trainer-cpus)."""
@@ -289,6 +310,8 @@ class LocalRun:
                                      system_prompt=s.system_prompt, max_new_tokens=s.max_new_tokens)
         acc = float(result["greedy_accuracy"])
         self.evals.append({"t": time.time() - self.t0, "version": version, "accuracy": acc})
+        if self.tracker is not None:  # at the trainer's step of this version, beside its trainer/* series
+            self.tracker.scalars(version, {"greedy_accuracy": acc, "seconds": self.evals[-1]["t"]}, prefix="eval")
         with (self.run_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(self.evals[-1]) + "\n")
         return acc
@@ -336,6 +359,12 @@ class LocalRun:
             self.sup.stop_all()
             return 1
         self.endpoints = {"redis": self.redis_url, "buffer": buffer_url, **status_urls}
+        t = self._tracking()
+        self.tracker = Tracker(Path(t["tensorboard_dir"]), name="eval", wandb_mode=self.args.wandb,
+                               wandb_project=os.environ.get("TBA_WANDB_PROJECT", "tba"),
+                               wandb_group=str(t["wandb_group"]), wandb_dir=Path(t["wandb_dir"]),
+                               config={"task": self.args.task, "mode": self.args.mode, "loss": self.args.loss,
+                                       "searchers": self.args.searchers, "seed": self.args.seed})
         observer = Observer(buffer_url, self.token, status_urls, self.run_dir / "timeline.jsonl")
         self._write_summary(observer, {}, "running")
         self._subscribe_versions(self.redis_url, observer)
@@ -365,7 +394,7 @@ class LocalRun:
                     break
                 snap = observer.poll()
                 if live:
-                    live.update(render(snap, self.sup.events))
+                    live.update(render(snap, self.sup.events, self.args.minutes * 60, self.title))
                 elif time.monotonic() - last_line >= 10:
                     print(one_line(snap), flush=True)
                     last_line = time.monotonic()
@@ -400,6 +429,8 @@ class LocalRun:
         self.sup.stop(["buffer"], 15)
         self.sup.stop(["redis"], 15)
         self._final_eval()
+        if self.tracker is not None:
+            self.tracker.close()
         summary = self._write_summary(observer, final, "complete")
         if not self.args.no_report:
             write_report(self.run_dir, summary, self.t0)

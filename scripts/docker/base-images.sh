@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make the base images the Dockerfiles start FROM, locally, for machines that reach
-# no image registry (PLATFORM.md): a Debian bookworm root filesystem from
+# no image registry (docs/operations.md §7): a Debian bookworm root filesystem from
 # debootstrap, imported and tagged with the public name the Dockerfiles default to,
 # and a Redis image built on it. Docker keeps them, so a second run takes a second.
 #

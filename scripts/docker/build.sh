@@ -4,7 +4,7 @@
 #   scripts/docker/build.sh --cpu      # CPU images (+ docker-compose.cpu.yml)
 # Extra arguments go to `docker compose` before `build` (e.g. -p NAME, -f FILE).
 # The CPU images need torch 2.13.0+cpu, which is not on PyPI: it is hard-linked here
-# from pip's find-links folder (PLATFORM.md) into requirements/wheels/, the folder
+# from pip's find-links folder (docs/operations.md §7) into requirements/wheels/, the folder
 # the Dockerfiles mount.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

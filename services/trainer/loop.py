@@ -1,6 +1,6 @@
 """The trainer service: wait for the warm-up, then sample, step, report, and publish every k steps.
 
-Versions (ARCHITECTURE.md): the base model is version 0; after u optimizer
+Versions (docs/algorithm.md §5): the base model is version 0; after u optimizer
 steps the policy is version u, and the checkpoint published after step u
 carries version u (so k, 2k, ... in async mode, every step in sync mode). Each
 request to the buffer carries ``trainer_version = u`` so the buffer can compute
@@ -42,6 +42,7 @@ from tba.keys import Keys
 from tba.ops import HealthServer
 from tba.schemas import SampledBatch, SampleRequest
 from tba.settings import SettingsError, TrainerSettings
+from tba.tracking import Tracker
 
 log = logging.getLogger(__name__)
 PUBLISH_RETRY_SECONDS = 5.0  # sync mode: how often a failed checkpoint write is retried while waiting
@@ -93,6 +94,10 @@ class Trainer:
         self.health = HealthServer(s.metrics_host, s.metrics_port, self.ready, self.metrics.registry,
                                    status=self.status).start()
         log.info("trainer health and metrics on http://%s:%d (/status, /metrics)", s.metrics_host, self.health.port)
+        # The run's settings travel with a W&B run; the token and the Redis URL (it may hold a password) do not.
+        self.metrics.tracker = Tracker(s.tensorboard_dir, name="trainer", wandb_mode=s.wandb,
+                                       wandb_project=s.wandb_project, wandb_group=s.wandb_group, wandb_dir=s.wandb_dir,
+                                       config=s.model_dump(mode="json", exclude={"auth_token", "redis_url"}))
         if s.loss == "grpo" and s.mode == "async":
             log.warning("loss=grpo is an on-policy estimator: in async mode it trains on stale samples "
                         "without importance weights (use mode=sync for the on-policy baseline)")
@@ -237,7 +242,7 @@ class Trainer:
                 or (s.max_seconds is not None and self.run_seconds() >= s.max_seconds))
 
     def wait_for_warmup(self) -> None:
-        """Block until the buffer holds ``warmup_samples`` samples (ALGORITHM.md §3, warm-up).
+        """Block until the buffer holds ``warmup_samples`` samples (docs/algorithm.md §6).
 
         Sync mode has no warm-up: each step waits for its own version's samples, and the buffer's count
         of distinct samples may never reach the warm-up's while the searchers wait for the next version."""
@@ -359,6 +364,8 @@ class Trainer:
                 self.client.close()
             if self.health is not None:
                 self.health.stop()
+            if self.metrics.tracker is not None:
+                self.metrics.tracker.close()
 
 
 def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) -> int:

@@ -1,6 +1,6 @@
 """The trainer's objectives: VarGrad Trajectory Balance, its on-policy baseline, and the beta schedule.
 
-Trajectory Balance (Bartoldson et al., arXiv 2503.18929; ALGORITHM.md §2), for a
+Trajectory Balance (Bartoldson et al., arXiv 2503.18929; docs/algorithm.md §2), for a
 prompt x with samples y_1..y_K::
 
     log_reward_i = log_ref_i + r_i / beta                  # log R(y_i; x), the target
@@ -76,7 +76,7 @@ def _common_metrics(x: LossInput, denom: int) -> dict[str, float]:
 
 
 def tb_loss(x: LossInput, beta: float, denom: int | None = None) -> LossOutput:
-    """VarGrad Trajectory Balance over complete prompts (ALGORITHM.md §2)."""
+    """VarGrad Trajectory Balance over complete prompts (docs/algorithm.md §2)."""
     N = x.log_pi.numel()
     denom = N if denom is None else denom
     G = x.num_prompts
@@ -125,7 +125,7 @@ def make_loss(name: str) -> LossFn:
 
 @dataclass(frozen=True)
 class BetaSchedule:
-    """beta(u) = beta_0 + (beta_final - beta_0) * min(1, (u - 1) / T_anneal), u = 1, 2, ... (ALGORITHM.md §2)."""
+    """beta(u) = beta_0 + (beta_final - beta_0) * min(1, (u - 1) / T_anneal), u = 1, 2, ... (docs/algorithm.md §2)."""
 
     beta_0: float
     beta_final: float

@@ -1,8 +1,9 @@
-"""What the trainer reports after each step: Prometheus series, ``/status``, a JSON line, a console line.
+"""What the trainer reports after each step: Prometheus series, ``/status``, a JSON line, a console line,
+TensorBoard and W&B.
 
-One :meth:`TrainerMetrics.record` call feeds all four from the same numbers, so
+One :meth:`TrainerMetrics.record` call feeds them all from the same numbers, so
 the dashboard (``tba up`` polls ``/status``), the Prometheus scrape, the
-structured log and the end-to-end report's metrics file never disagree.
+structured log, the end-to-end report's metrics file and the tracking tools never disagree.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.trainer.learner import StepResult
+from tba.tracking import Tracker
 
 log = logging.getLogger("services.trainer.progress")
 
@@ -29,6 +31,7 @@ class TrainerMetrics:
         self.registry = registry or CollectorRegistry()
         self.metrics_file = metrics_file
         self.max_steps = max_steps
+        self.tracker: Tracker | None = None  # TensorBoard / W&B, set by the trainer's main rank
         self._lock = threading.Lock()
         self._status: dict[str, Any] = {
             "state": "starting", "step": 0, "version": None, "loss": None, "reward_mean": None,
@@ -107,6 +110,9 @@ class TrainerMetrics:
             self._status.update({k: row[k] for k in ("step", "loss", "reward_mean", "log_Z_mean", "kl", "beta", "lr",
                                                      "samples_per_s", "tokens_per_s", "wait_s", "staleness_mean")})
             self._status["staleness"] = row["staleness_hist"]
+        if self.tracker is not None:
+            self.tracker.scalars(step, {k: v for k, v in row.items() if k not in ("ts", "step")}, prefix="trainer")
+            self.tracker.histogram(step, "trainer/staleness", result.staleness)
         if self.metrics_file is not None:
             self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
             with self.metrics_file.open("a") as f:

@@ -8,7 +8,7 @@ neighbours; a row ends at any of the model's EOS tokens (instruction-tuned model
 often have several: :func:`eos_ids`), and the whole batch stops as soon as every
 row has ended.
 Sampling draws from softmax(logits / T), the tempered policy the TB loss trains
-(ALGORITHM.md §2).
+(docs/algorithm.md §3).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The one definition of log pi(y|x) in the project: the trainer calls it on the
 policy (with gradients), the searcher on the reference model (without), so the
-two sides of the TB loss are computed the same way (ALGORITHM.md §2). Padding
+two sides of the TB loss are computed the same way (docs/algorithm.md §3). Padding
 is masked out of the sums, so the result does not depend on batch padding.
 """
 

@@ -1,7 +1,7 @@
 """``tba model sft``: a short supervised warm-up, so RL starts from a weak but non-zero policy.
 
 TB (like any RL from a sparse 0/1 reward) learns nothing from a policy that is
-never right, and the paper's runs start from SFT checkpoints (ALGORITHM.md §4).
+never right, and the paper's runs start from SFT checkpoints (docs/algorithm.md §6).
 The tiny model is taught the task's supervised targets (``Task.sft_target``)
 with the loss on completion tokens and EOS only, and stops as soon as its
 greedy accuracy on held-out prompts reaches a target (about 30% on two-digit

@@ -1,7 +1,7 @@
 """The tiny Llama-architecture policy the CPU runs use (``tba model init``).
 
 head_dim is 64 because vLLM's CPU attention kernel rejects smaller heads
-(PLATFORM.md). Weights are fp32 and saved in Hugging Face format with the
+(docs/operations.md §7). Weights are fp32 and saved in Hugging Face format with the
 tokenizer and a generation config, so transformers and vLLM load the directory
 as they would any hub model.
 """

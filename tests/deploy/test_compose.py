@@ -158,3 +158,21 @@ def test_root_filesystems_are_read_only_with_writable_scratch(variant: str, tmp_
                    if v["type"] == "tmpfs"}
         # World-writable with the sticky bit: the services run as uid 10001, tmpfs mounts belong to root.
         assert scratch == {"/tmp": 0o1777, "/var/cache/tba": 0o1777}, name
+
+
+def test_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(tmp_path: Path) -> None:
+    assert "prometheus" not in compose_config("gpu", tmp_path)["services"], "monitoring must be opt-in"
+    model = compose_config("gpu", tmp_path, {"COMPOSE_PROFILES": "monitoring", "GRAFANA_ADMIN_PASSWORD": "g-pw"})
+    services = model["services"]
+    for name in ("prometheus", "grafana"):
+        svc = services[name]
+        assert svc["user"] not in ("", "0", "root") and svc["read_only"] is True, name
+        for mount in svc["volumes"]:
+            if mount["type"] == "bind":  # the repo's monitoring/ files, mounted read-only
+                assert mount.get("read_only") and Path(mount["source"]).is_file(), mount
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "g-pw"
+    mounted = {m["target"]: Path(m["source"]).name for m in services["grafana"]["volumes"] if m["type"] == "bind"}
+    assert mounted["/var/lib/grafana/dashboards/tba-dashboard.json"] == "tba-dashboard.json"
+    scrape = (Path(__file__).parents[2] / "monitoring/prometheus.yml").read_text()
+    for target in ("buffer:8400", "trainer:9400", '"searcher"'):  # every service, on the ports compose gives it
+        assert target in scrape, target

@@ -48,7 +48,7 @@ def _stages(text: str) -> dict[str, str]:
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=ids(DOCKERFILES))
 def test_no_syntax_directive_and_base_image_is_a_build_argument(dockerfile: Path) -> None:
     text = dockerfile.read_text()
-    # A `# syntax=` line makes BuildKit pull a frontend image from a registry (PLATFORM.md).
+    # A `# syntax=` line makes BuildKit pull a frontend image from a registry (docs/operations.md §7).
     assert not re.search(r"^#\s*syntax\s*=", text, flags=re.M | re.I)
     for line in re.findall(r"^FROM (\S+)", text, flags=re.M):
         assert line.startswith("${") or line in _stages(text), f"FROM {line}: base images are build args"

@@ -255,3 +255,25 @@ def test_settings_config_map_is_referenced_by_its_generated_name(overlay: str, r
             continue
         (ref,) = _container(w, w["metadata"]["name"])["envFrom"]
         assert ref["configMapRef"]["name"] == config_map["metadata"]["name"]
+
+
+def test_monitoring_component_ships_the_dashboard_and_marks_every_service_for_scraping(
+        k8s_dir: Path, tmp_path: Path) -> None:
+    overlay = k8s_dir / "overlays" / "gpu-monitored"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../gpu]\ncomponents: [../../../monitoring]\n")
+    docs = kustomize(overlay)
+    dashboard = by_kind(docs, "ConfigMap")["tba-grafana-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["namespace"] == "monitoring"  # where the network policy lets Prometheus in
+    assert dashboard["data"]["tba-dashboard.json"] == (ROOT / "monitoring/grafana/tba-dashboard.json").read_text()
+    deployments = by_kind(docs, "Deployment")
+    ports = {name: deployments[name]["spec"]["template"]["metadata"]["annotations"]
+             for name in ("buffer", "trainer", "searcher")}
+    assert {name: (a["prometheus.io/scrape"], a["prometheus.io/port"]) for name, a in ports.items()} == {
+        "buffer": ("true", "8400"), "trainer": ("true", "9400"), "searcher": ("true", "9400")}
+    out = tmp_path / "monitored.yaml"
+    out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
+    _validate(out)

@@ -78,9 +78,11 @@ def kustomize(overlay_dir: Path) -> list[dict]:
 
 
 def k8s_copy_with_secrets(tmp: Path) -> Path:
-    """k8s/ copied with a secrets.env in each overlay, as a user makes it from secrets.env.example."""
+    """k8s/ copied with a secrets.env in each overlay, as a user makes it from secrets.env.example (and
+    monitoring/ beside it: its Kubernetes component is used from the overlays as ../../../monitoring)."""
     dst = tmp / "k8s"
     shutil.copytree(ROOT / "k8s", dst, ignore=shutil.ignore_patterns("secrets.env"))
+    shutil.copytree(ROOT / "monitoring", tmp / "monitoring")
     for overlay in OVERLAYS:
         example = (dst / "overlays" / overlay / "secrets.env.example").read_text()
         filled = "".join(

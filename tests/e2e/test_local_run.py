@@ -13,11 +13,14 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from reliability.procs import running_with
+from tests.prometheus import Prometheus, dashboard_expressions, metric_names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 
@@ -26,7 +29,8 @@ MINUTES = float(os.environ.get("TBA_E2E_MINUTES", "12"))
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
+def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> Iterator[dict]:
+    """One ``tba up`` run, with W&B offline and a real Prometheus scraping its services while it runs."""
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     env = {
         **os.environ,
@@ -37,11 +41,43 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
     }
     cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--searchers", "2", "--minutes", str(MINUTES),
            "--max-steps", str(STEPS), "--run-dir", str(run_dir), "--base-model", str(sft_model),
-           "--eval-every", "20", "--eval-prompts", "100"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MINUTES * 60 + 240)
-    assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+           "--eval-every", "20", "--eval-prompts", "100", "--wandb", "offline"]
+    started = time.time()
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        prometheus = None
+        try:
+            endpoints = _running_endpoints(run_dir, proc)
+            if endpoints is not None:
+                prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), {
+                    "buffer": [endpoints["buffer"]], "trainer": [endpoints["trainer"]],
+                    "searcher": [endpoints[n] for n in endpoints if n.startswith("searcher")]})
+            stdout, stderr = proc.communicate(timeout=MINUTES * 60 + 240)
+        except BaseException:
+            proc.kill()
+            if prometheus is not None:
+                prometheus.stop()
+            raise
+    assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"dir": run_dir, "summary": summary, "stdout": proc.stdout}
+    yield {"dir": run_dir, "summary": summary, "stdout": stdout, "prometheus": prometheus,
+           "period": (started, time.time())}
+    if prometheus is not None:
+        prometheus.stop()
+
+
+def _running_endpoints(run_dir: Path, proc: subprocess.Popen) -> dict[str, str] | None:
+    """host:port of the buffer, trainer and searchers, from the running summary (None: the run ended first)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = {}
+        endpoints = summary.get("endpoints") or {}
+        if "trainer" in endpoints:
+            return {name: url.removeprefix("http://") for name, url in endpoints.items() if name != "redis"}
+        time.sleep(0.5)
+    return None
 
 
 def test_trainer_published_versions(run: dict) -> None:
@@ -88,7 +124,7 @@ def test_outputs_written(run: dict) -> None:
     d = run["dir"]
     for name in ("buffer", "trainer", "searcher-0", "searcher-1", "redis"):
         assert (d / "logs" / f"{name}.log").stat().st_size > 0, name
-    assert (d / "report.html").read_text().count("data:image/png;base64") >= 2
+    assert (d / "report.html").read_text().count("data:image/png;base64") == 3
     for key in ("versions_published", "searcher_versions", "groups_published", "groups_stored",
                 "accuracy_start", "accuracy_end", "wall_seconds"):
         assert key in run["summary"], key
@@ -105,3 +141,79 @@ def test_nothing_left_running(run: dict) -> None:
     """No process of the run survives it: searched by command line and by environment (vLLM's engines)."""
     alive = running_with(str(run["dir"]))
     assert not alive, f"still running: {alive}"
+
+
+DASHBOARD = Path(__file__).parents[2] / "monitoring" / "grafana" / "tba-dashboard.json"
+
+
+def test_prometheus_holds_every_series_the_dashboard_reads(run: dict) -> None:
+    prometheus = run["prometheus"]
+    assert prometheus is not None, "the run ended before its services were up"
+    names = set().union(*(metric_names(expr) for _, expr in dashboard_expressions(json.loads(DASHBOARD.read_text()))))
+    assert len(names) >= 12, names
+    missing = sorted(name for name in names if not prometheus.series(name))
+    assert not missing, f"the dashboard reads series no service exports: {missing}"
+    jobs = {s["job"] for s in prometheus.series('{__name__=~"tba_.+"}')}
+    assert jobs == {"buffer", "trainer", "searcher"}, jobs
+    searchers = {s["instance"] for s in prometheus.series("tba_searcher_version")}
+    assert len(searchers) == 2, searchers
+
+
+def test_every_dashboard_panel_shows_data_from_the_run(run: dict) -> None:
+    prometheus, (start, end) = run["prometheus"], run["period"]
+    empty = [f"{title}: {expr}" for title, expr in dashboard_expressions(json.loads(DASHBOARD.read_text()))
+             if not any(series["values"] for series in prometheus.query_range(expr, start, end))]
+    assert not empty, "panels with no data over the whole run:\n" + "\n".join(empty)
+    # And the numbers are the run's: the trainer versions Prometheus saw climb to at most the last one published.
+    seen = [int(float(v)) for _, v in prometheus.query_range("max(tba_trainer_version)", start, end)[0]["values"]]
+    assert seen == sorted(seen) and 2 <= seen[-1] <= max(run["summary"]["versions_published"]), seen
+
+
+def test_tensorboard_events_hold_the_trainer_steps_and_the_evaluations(run: dict) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run["dir"] / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()
+    tags = events.Tags()
+    steps = [json.loads(line) for line in (run["dir"] / "trainer_metrics.jsonl").read_text().splitlines()]
+    for name in ("loss", "reward_mean", "kl", "lr", "staleness_mean", "tokens_per_s"):
+        scalars = events.Scalars(f"trainer/{name}")
+        assert [e.step for e in scalars] == [s["step"] for s in steps], name
+        assert [e.value for e in scalars] == pytest.approx([s[name] for s in steps], rel=1e-5, abs=1e-6), name
+    assert "trainer/staleness" in tags["histograms"]
+    evals = run["summary"]["evaluations"]
+    accuracy = events.Scalars("eval/greedy_accuracy")
+    assert [(e.step, round(e.value, 6)) for e in accuracy] == [(e["version"], round(e["accuracy"], 6)) for e in evals]
+
+
+def test_wandb_offline_runs_hold_the_trainer_and_evaluation_series(run: dict) -> None:
+    from tests.wandb_log import read_run
+
+    files = sorted((run["dir"] / "wandb").glob("offline-run-*/run-*.wandb"))
+    runs = {r["job_type"]: r for r in map(read_run, files)}
+    assert all(r["complete"] for r in runs.values()), "a W&B run never finished its log"
+    assert set(runs) == {"trainer", "eval"}, [str(f) for f in files]
+    assert {r["group"] for r in runs.values()} == {run["dir"].name}
+    steps = [json.loads(line) for line in (run["dir"] / "trainer_metrics.jsonl").read_text().splitlines()]
+    logged = [(row["_step"], row["trainer/loss"]) for row in runs["trainer"]["history"]]
+    assert logged == [(s["step"], pytest.approx(s["loss"])) for s in steps]
+    assert [row["eval/greedy_accuracy"] for row in runs["eval"]["history"]] == pytest.approx(
+        [e["accuracy"] for e in run["summary"]["evaluations"]])
+
+
+def test_report_as_a_person_sees_it(run: dict, tmp_path: Path) -> None:
+    """report.html rendered by a real browser: a summary of short lines first, then plots that hold data."""
+    from tests.browser import colourful_pixels, render
+
+    page = render(run["dir"] / "report.html", tmp_path / "report.png")
+    cells = re.findall(r"<td>(.*?)</td>", page.dom, flags=re.S)
+    assert len(cells) >= 10 and max(len(c) for c in cells) <= 120, max(cells, key=len)
+    assert page.dom.index("<table") < page.dom.index("<img"), "the summary comes before the plots"
+    summary = run["summary"]
+    assert f"{summary['trainer_steps']:,}" in page.dom
+    plots = page.images()
+    assert len(plots) == 3
+    for title, image in plots.items():
+        assert image.width > 600 and image.height > 200, title
+        assert colourful_pixels(image) > 2000, f"plot '{title}' has no data drawn"
+    assert colourful_pixels(page.screenshot) > 6000, "the page, as rendered, shows no plots"

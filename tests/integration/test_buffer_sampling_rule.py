@@ -1,4 +1,4 @@
-"""Chi-square tests of the sampling rule (ALGORITHM.md §3) on a real Redis.
+"""Chi-square tests of the sampling rule (docs/algorithm.md §4) on a real Redis.
 
 Every draw is seeded (``SampleRequest.seed``), so each test is deterministic: it
 either always passes or always fails. A threshold of p > 1e-3 accepts the rule;

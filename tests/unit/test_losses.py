@@ -39,7 +39,7 @@ def random_input(num_prompts: int = 5, seed: int = 0, dtype=torch.float64) -> tu
 
 def direct_tb(log_pi: list[float], log_ref: list[float], reward: list[float], prompt_ids: list[str],
               beta: float) -> tuple[float, list[float]]:
-    """ALGORITHM.md §2 written out with Python loops: the loss and dloss/dlog_pi_i (log Z held constant)."""
+    """docs/algorithm.md §2 written out with Python loops: the loss and dloss/dlog_pi_i (log Z held constant)."""
     groups: dict[str, list[int]] = {}
     for i, p in enumerate(prompt_ids):
         groups.setdefault(p, []).append(i)
@@ -123,7 +123,7 @@ def test_tb_loss_splits_into_micro_batches_of_whole_prompts() -> None:
 def test_tb_gradient_is_scaled_reinforce_on_the_kl_regularised_reward(tiny_model) -> None:
     """On samples the policy drew itself, grad L_TB = (2/beta) grad L_RF, exactly, for every parameter.
 
-    Derivation (ALGORITHM.md §2). With log R_i = log ref_i + r_i/beta and log Z_g detached,
+    Derivation (docs/algorithm.md §2). With log R_i = log ref_i + r_i/beta and log Z_g detached,
         grad L_TB = (2/N) sum_i (log Z_g + log pi_i - log R_i) grad log pi_i.
     Since log Z_g = mean_{j in g}(log R_j - log pi_j), the residual is
         (log pi_i - log R_i) - mean_j (log pi_j - log R_j)

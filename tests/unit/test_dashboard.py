@@ -1,0 +1,72 @@
+"""The live console of ``tba up``: what a person sees for a given state of the system."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from tba.dashboard import Snapshot, one_line, rates, render, sparkline
+
+
+def snapshot(t: float, step: int, ingested: int) -> Snapshot:
+    return Snapshot(
+        t=t,
+        trainer={"state": "training", "step": step, "version": step, "loss": 0.4321, "reward_mean": 0.625,
+                 "kl": 0.0123, "lr": 3e-5, "staleness_mean": 2.5, "wait_s": 0.01},
+        buffer={"samples": 900, "prompts": 120, "samples_ingested": ingested, "samples_duplicate": ingested // 4,
+                "reward_mean": 0.5, "dead_letters": 0},
+        searchers={"searcher-0": {"state": "running", "version": step - 6, "samples_per_s": 41.5,
+                                  "reload_ms_last": 120.0},
+                   "searcher-1": {"state": "paused: waiting for a newer policy", "version": step,
+                                  "samples_per_s": 38.0, "reload_ms_last": None}},
+        accuracy=[(0, 0.345), (40, 0.5), (80, 0.715)],
+    )
+
+
+def shown(snap: Snapshot, events: list[str], budget_s: float | None = 600) -> str:
+    console = Console(record=True, width=120, color_system=None)
+    console.print(render(snap, events, budget_s, title="TBA  arithmetic"))
+    return console.export_text()
+
+
+def test_rates_come_from_two_polls_and_skip_what_a_poll_missed():
+    before, now = snapshot(10.0, 100, 1000), snapshot(12.0, 140, 1300)
+    assert rates(before, now) == {"steps_per_s": 20.0, "ingest_per_s": 150.0}
+    assert rates(None, now) == {}
+    now.trainer = {"error": "ConnectError"}  # the trainer did not answer: no step rate, the buffer's stays
+    assert rates(before, now) == {"ingest_per_s": 150.0}
+
+
+def test_every_part_of_the_system_has_its_panel_with_its_figures():
+    snap = snapshot(125.0, 200, 4000)
+    snap.rates = {"steps_per_s": 8.25, "ingest_per_s": 96.0}
+    text = shown(snap, ["searcher-1 exited with 137", "restarting searcher-1 (restart 1)"])
+    assert "125 s elapsed" in text and "475 s left" in text
+    for expected in ("trainer", "training", "step", "200", "8.2 steps/s", "0.4321", "0.625", "0.0123", "3.00e-05",
+                     "2.5 versions",  # trainer
+                     "900 in 120 prompts", "96.0 samples/s", "25%",  # buffer: size, ingest, duplicate rate
+                     "searcher-0", "running", "194", "41.5", "120 ms",  # searcher-0 is 6 versions behind
+                     "paused: waiting for a newer policy",
+                     "71.5% at v80", "start 34.5% at v0", "best 71.5%",
+                     "restarts and warnings (2)", "restarting searcher-1 (restart 1)"):
+        assert expected in text, expected
+    lag_row = next(line for line in text.splitlines() if "searcher-0" in line)
+    assert lag_row.split()[3:5] == ["194", "6"]  # version, lag behind the trainer
+
+
+def test_a_system_still_starting_shows_dashes_not_errors():
+    snap = Snapshot(t=3.0, trainer={"error": "ConnectError"}, buffer={"error": "HTTP 503"})
+    text = shown(snap, [], budget_s=None)
+    assert "ConnectError" in text and "error" in text and "waiting for the first evaluation" in text
+    assert "left" not in text and "restarts and warnings" not in text
+
+
+def test_sparkline_spans_the_range_and_keeps_the_newest_values():
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([2.0, -1.0]) == "█▁"  # clipped to [low, high]
+    assert sparkline([0.0] * 30 + [1.0], width=4) == "▁▁▁█"
+
+
+def test_one_line_for_logs():
+    line = one_line(snapshot(42.0, 7, 10))
+    assert line == ("[   42s] trainer step 7 v7 reward 0.625 | buffer 900 samples | acc 71.5% | "
+                    "searcher-0=v1,searcher-1=v7")
