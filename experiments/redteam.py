@@ -41,8 +41,8 @@ def arms(out: Path) -> list[Arm]:
     for b in BUDGETS:
         options = {"successes_dir": str((out / f"search-x{b}" / "successes").resolve())}
         result.append(Arm(f"search-x{b}", task="redteam", **PLACEMENT, base_model=str(base), env={
-            "TBA_MAX_BATCHES_PER_VERSION": str(b), "TBA_CHECKPOINT_EVERY": "32", "TBA_WARMUP_SAMPLES": "32", "TBA_BETA_START": "0.05",
-            "TBA_GLOBAL_CAPACITY": "20000", "TBA_TASK_OPTIONS": json.dumps(options)}))
+            "TBA_MAX_BATCHES_PER_VERSION": str(b), "TBA_CHECKPOINT_EVERY": "32", "TBA_WARMUP_SAMPLES": "32",
+            "TBA_BETA_START": "0.05", "TBA_GLOBAL_CAPACITY": "20000", "TBA_TASK_OPTIONS": json.dumps(options)}))
     return result
 
 
