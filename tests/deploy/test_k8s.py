@@ -45,18 +45,23 @@ def test_overlay_renders_and_validates_strictly(overlay: str, k8s_dir: Path, tmp
     _validate(out)
 
 
-def test_autoscaler_component_renders_and_validates(k8s_dir: Path, tmp_path: Path) -> None:
-    overlay = k8s_dir / "overlays" / "gpu-autoscaled"
+def gpu_with_component(k8s_dir: Path, tmp_path: Path, name: str, component: str) -> list[dict]:
+    """The gpu overlay with one optional component added, as a user adds it: rendered, strictly validated."""
+    overlay = k8s_dir / "overlays" / f"gpu-{name}"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        "resources: [../gpu]\ncomponents: [../../components/searcher-autoscaler]\n")
-    docs = kustomize(overlay)
-    hpa = by_kind(docs, "HorizontalPodAutoscaler")["searcher"]
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "searcher"}
-    out = tmp_path / "autoscaled.yaml"
+        f"resources: [../gpu]\ncomponents: [{component}]\n")
+    out = tmp_path / f"{name}.yaml"
     out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
     _validate(out)
+    return kustomize(overlay)
+
+
+def test_autoscaler_component_renders_and_validates(k8s_dir: Path, tmp_path: Path) -> None:
+    docs = gpu_with_component(k8s_dir, tmp_path, "autoscaled", "../../components/searcher-autoscaler")
+    hpa = by_kind(docs, "HorizontalPodAutoscaler")["searcher"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "searcher"}
 
 
 def _with_components(k8s_dir: Path, name: str, *components: str) -> Path:
@@ -259,12 +264,7 @@ def test_settings_config_map_is_referenced_by_its_generated_name(overlay: str, r
 
 def test_monitoring_component_ships_the_dashboard_and_marks_every_service_for_scraping(
         k8s_dir: Path, tmp_path: Path) -> None:
-    overlay = k8s_dir / "overlays" / "gpu-monitored"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        "resources: [../gpu]\ncomponents: [../../../monitoring]\n")
-    docs = kustomize(overlay)
+    docs = gpu_with_component(k8s_dir, tmp_path, "monitored", "../../../monitoring")
     dashboard = by_kind(docs, "ConfigMap")["tba-grafana-dashboard"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["metadata"]["namespace"] == "monitoring"  # where the network policy lets Prometheus in
@@ -274,6 +274,3 @@ def test_monitoring_component_ships_the_dashboard_and_marks_every_service_for_sc
              for name in ("buffer", "trainer", "searcher")}
     assert {name: (a["prometheus.io/scrape"], a["prometheus.io/port"]) for name, a in ports.items()} == {
         "buffer": ("true", "8400"), "trainer": ("true", "9400"), "searcher": ("true", "9400")}
-    out = tmp_path / "monitored.yaml"
-    out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
-    _validate(out)
