@@ -56,6 +56,12 @@ def staleness_counts(steps: list[dict[str, Any]]) -> Counter[int]:
     return counts
 
 
+def mean(counts: Counter[int]) -> float | None:
+    """The mean of a distribution given as value -> count."""
+    total = sum(counts.values())
+    return sum(k * v for k, v in counts.items()) / total if total else None
+
+
 def quantile(counts: Counter[int], q: float) -> int | None:
     """The ``q`` quantile of a distribution given as value -> count (the smallest value reaching it)."""
     total = sum(counts.values())
@@ -74,7 +80,6 @@ def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
     versions = sorted({v for _, v in observer.versions_published})
     steps = read_jsonl(run.run_dir / "trainer_metrics.jsonl")
     stale = staleness_counts(steps)
-    n_stale = sum(stale.values())
     return {
         "task": run.args.task,
         "mode": run.args.mode,
@@ -86,7 +91,7 @@ def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
         "groups_stored": final_stats.get("groups_stored"),
         "buffer": {k: v for k, v in final_stats.items() if k != "searcher_versions"},
         "trainer_steps": steps[-1].get("step") if steps else None,
-        "staleness": {"mean": sum(k * v for k, v in stale.items()) / n_stale if n_stale else None,
+        "staleness": {"mean": mean(stale),
                       "p95": quantile(stale, 0.95), "max": max(stale) if stale else None},
         "accuracy_start": evals[0]["accuracy"] if evals else None,
         "accuracy_end": evals[-1]["accuracy"] if evals else None,
@@ -204,11 +209,10 @@ def staleness_over_steps(steps: list[dict[str, Any]], bins: int = 40) -> dict[st
     for i in range(0, len(with_hist), size):
         chunk = with_hist[i:i + size]
         counts = staleness_counts(chunk)
-        n = sum(counts.values())
         out["step"].append(chunk[len(chunk) // 2]["step"])
         out["p50"].append(quantile(counts, 0.5))
         out["p95"].append(quantile(counts, 0.95))
-        out["mean"].append(sum(k * v for k, v in counts.items()) / n)
+        out["mean"].append(mean(counts))
     return out
 
 

@@ -236,7 +236,7 @@ class LocalRun:
         status_urls["trainer"] = f"http://127.0.0.1:{port}"
         trainer_env = {**env, "TBA_BUFFER_URL": buffer_url, "TBA_METRICS_PORT": str(port), "TBA_MODE": self.args.mode,
                        "TBA_LOSS": self.args.loss, "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl"),
-                       **{f"TBA_{k.upper()}": str(v) for k, v in self._tracking().items()}}
+                       **self._tracking_env()}
         # Default: one thread, the searchers need the other core; on cores of its own, one per core.
         trainer_env.setdefault("TBA_TORCH_THREADS", str(len(self.args.trainer_cpus or [0])))
         if self.args.max_steps:
@@ -268,10 +268,10 @@ class LocalRun:
                                cpus=self.args.searcher_cpus))
         return buffer_url, status_urls
 
-    def _tracking(self) -> dict[str, str | Path]:
-        """Where the trainer and the evaluations write TensorBoard events and W&B runs (tba/tracking.py)."""
-        return {"tensorboard_dir": self.run_dir / "tensorboard", "wandb": self.args.wandb,
-                "wandb_group": self.run_dir.name, "wandb_dir": self.run_dir}
+    def _tracking_env(self) -> dict[str, str]:
+        """The trainer writes TensorBoard events and its W&B run where the evaluations do (tba/tracking.py)."""
+        return {"TBA_TENSORBOARD_DIR": str(self.run_dir / "tensorboard"), "TBA_WANDB": self.args.wandb,
+                "TBA_WANDB_GROUP": self.run_dir.name, "TBA_WANDB_DIR": str(self.run_dir)}
 
     def _separate_cores(self) -> bool:
         """Search and training placed on disjoint CPUs (--searcher-cpus, --trainer-cpus)."""
@@ -359,10 +359,9 @@ class LocalRun:
             self.sup.stop_all()
             return 1
         self.endpoints = {"redis": self.redis_url, "buffer": buffer_url, **status_urls}
-        t = self._tracking()
-        self.tracker = Tracker(Path(t["tensorboard_dir"]), name="eval", wandb_mode=self.args.wandb,
+        self.tracker = Tracker(self.run_dir / "tensorboard", name="eval", wandb_mode=self.args.wandb,
                                wandb_project=os.environ.get("TBA_WANDB_PROJECT", "tba"),
-                               wandb_group=str(t["wandb_group"]), wandb_dir=Path(t["wandb_dir"]),
+                               wandb_group=self.run_dir.name, wandb_dir=self.run_dir,
                                config={"task": self.args.task, "mode": self.args.mode, "loss": self.args.loss,
                                        "searchers": self.args.searchers, "seed": self.args.seed})
         observer = Observer(buffer_url, self.token, status_urls, self.run_dir / "timeline.jsonl")

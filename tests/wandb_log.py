@@ -55,15 +55,13 @@ def read_run(path: Path, timeout: float = 30.0) -> dict[str, Any]:
 
     deadline = time.monotonic() + timeout
     while True:
-        kinds = [pb.Record.FromString(raw).WhichOneof("record_type") for raw in records(path)]
+        parsed = [pb.Record.FromString(raw) for raw in records(path)]
+        kinds = [rec.WhichOneof("record_type") for rec in parsed]
         if "exit" in kinds or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     run: dict[str, Any] = {"history": [], "complete": "exit" in kinds}
-    for raw in records(path):
-        rec = pb.Record()
-        rec.ParseFromString(raw)
-        kind = rec.WhichOneof("record_type")
+    for rec, kind in zip(parsed, kinds, strict=True):
         if kind == "run":
             run.update(group=rec.run.run_group, job_type=rec.run.job_type, name=rec.run.display_name)
         elif kind == "history":
