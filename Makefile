@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TBA := $(VENV)/bin/tba
 PYTEST_ARGS ?=
+PY_DIRS := tba services tests benchmarks experiments reliability scripts
 
 .PHONY: install test test-fast demo up down bench experiment lint lock clean fuzz soak security tensorboard
 
@@ -40,8 +41,11 @@ security: install
 chaos: install
 	$(PY) -m reliability.chaos $(if $(MINUTES),--minutes $(MINUTES)) $(if $(KILLS),--kills $(KILLS)) $(if $(SEED),--seed $(SEED))
 
+# make lint: what .pre-commit-config.yaml runs on a commit, over the whole tree (ruff's lint and format, mypy)
 lint: install
-	$(VENV)/bin/ruff check tba services tests benchmarks experiments reliability
+	$(VENV)/bin/ruff check $(PY_DIRS)
+	$(VENV)/bin/ruff format --check $(PY_DIRS)
+	$(VENV)/bin/mypy
 
 # make tensorboard [RUNS=runs]: TensorBoard over every run's event files (the trainer's steps, the evaluations)
 tensorboard: install

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from rich.console import Group
@@ -177,8 +177,10 @@ def _buffer_panel(snap: Snapshot) -> Panel:
 
 def _searchers_panel(snap: Snapshot) -> Panel:
     table = Table(box=None, padding=(0, 1), show_edge=False)
-    for col, justify in (("searcher", "left"), ("state", "left"), ("version", "right"), ("lag", "right"),
-                         ("samples/s", "right"), ("reload", "right")):
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+        ("searcher", "left"), ("state", "left"), ("version", "right"), ("lag", "right"), ("samples/s", "right"),
+        ("reload", "right"))
+    for col, justify in columns:
         table.add_column(col, justify=justify, style="dim" if col == "searcher" else None)
     trainer_version = snap.trainer.get("version")
     for name, st in sorted(snap.searchers.items()):

@@ -67,7 +67,8 @@ def load_model(model_dir: str | Path, device: str = "cpu", base: str | Path | No
 
     if is_adapter(model_dir):
         return load_for_inference(model_dir, base, device), load_tokenizer(base_of(model_dir, base))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to as an unbound wrapper
     return model, load_tokenizer(model_dir)
 
 

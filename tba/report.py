@@ -116,7 +116,7 @@ def _count(x: Any) -> str:
 def samples_generated(timeline: list[dict[str, Any]]) -> int | None:
     """Completions the searchers generated: each searcher's last count (a restarted one starts again at 0,
     so its counts before the restart are added)."""
-    total, last = 0, {}
+    total, last = 0, dict[str, int]()
     for row in timeline:
         for name, st in (row.get("searchers") or {}).items():
             n = st.get("samples_generated")
@@ -135,7 +135,8 @@ def summary_rows(summary: dict[str, Any], timeline: list[dict[str, Any]]) -> lis
     missed = [f"{float(t):.0%}" for t, s in summary["time_to_accuracy_s"].items() if s is None]
     b = summary.get("buffer") or {}
     ingested, duplicates = b.get("samples_ingested"), b.get("samples_duplicate")
-    dup = f" ({duplicates / ingested:.0%} of ingested)" if isinstance(ingested, int) and ingested else ""
+    dup = (f" ({duplicates / ingested:.0%} of ingested)"
+           if isinstance(ingested, int) and ingested and isinstance(duplicates, int) else "")
     stale = summary.get("staleness") or {}
     restarts = ", ".join(f"{k} {v}x" for k, v in summary.get("restarts", {}).items()) or "none"
     versions = summary.get("versions_published") or []
@@ -209,10 +210,12 @@ def staleness_over_steps(steps: list[dict[str, Any]], bins: int = 40) -> dict[st
     for i in range(0, len(with_hist), size):
         chunk = with_hist[i:i + size]
         counts = staleness_counts(chunk)
+        p50, p95, average = quantile(counts, 0.5), quantile(counts, 0.95), mean(counts)
+        assert p50 is not None and p95 is not None and average is not None  # every step in chunk has a histogram
         out["step"].append(chunk[len(chunk) // 2]["step"])
-        out["p50"].append(quantile(counts, 0.5))
-        out["p95"].append(quantile(counts, 0.95))
-        out["mean"].append(mean(counts))
+        out["p50"].append(p50)
+        out["p95"].append(p95)
+        out["mean"].append(average)
     return out
 
 
@@ -281,8 +284,8 @@ def _plots(run_dir: Path, evals: list[dict[str, Any]], t0: float) -> dict[str, s
         done = np.cumsum([s.get("samples", 0) for s in steps]).tolist()
         _raw_and_smooth(train_ax, *rate_series([s["t"] for s in steps], done, 10.0), "trainer", "C0")
     train_ax.set_title("trained on (samples/s, 10 s window)")
-    ingested = [(r["t"], (r.get("buffer") or {}).get("samples_ingested")) for r in timeline]
-    ingested = [(t, n) for t, n in ingested if isinstance(n, int)]
+    counts = [(r["t"], (r.get("buffer") or {}).get("samples_ingested")) for r in timeline]
+    ingested = [(t, float(n)) for t, n in counts if isinstance(n, int)]
     if ingested:
         _raw_and_smooth(gen_ax, *rate_series([t for t, _ in ingested], [n for _, n in ingested], 10.0),
                         "buffer (ingested)", "C2")
@@ -290,8 +293,8 @@ def _plots(run_dir: Path, evals: list[dict[str, Any]], t0: float) -> dict[str, s
     for i, name in enumerate(names):
         points = [(r["t"], r["searchers"][name].get("samples_per_s")) for r in timeline
                   if name in (r.get("searchers") or {})]
-        points = [(t, v) for t, v in points if isinstance(v, int | float)]
-        _raw_and_smooth(gen_ax, [t for t, _ in points], [v for _, v in points], name, f"C{4 + i % 6}")
+        rates = [(t, float(v)) for t, v in points if isinstance(v, int | float)]
+        _raw_and_smooth(gen_ax, [t for t, _ in rates], [v for _, v in rates], name, f"C{4 + i % 6}")
     gen_ax.set_title("generated and ingested (samples/s)")
     for ax in (train_ax, gen_ax):
         ax.set_xlabel("seconds since the start")

@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -29,6 +30,7 @@ from pydantic import (
 
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+_VERSION_ENUM: list[JsonValue] = [*sorted(SUPPORTED_SCHEMA_VERSIONS)]  # the JSON schema's statement of them
 
 
 # Bounds of the numbers on the wire: every value, and every sum the buffer and the loss form of them
@@ -87,7 +89,7 @@ class _Strict(BaseModel):
 
 class _Versioned(_Strict):
     schema_version: Int = Field(SCHEMA_VERSION, description="Wire schema version of this message.",
-                                json_schema_extra={"enum": sorted(SUPPORTED_SCHEMA_VERSIONS)})
+                                json_schema_extra={"enum": _VERSION_ENUM})
 
     @field_validator("schema_version")
     @classmethod

@@ -14,7 +14,8 @@ from pathlib import Path
 from tba.settings import ENV_PREFIX, BufferSettings, CommonSettings, SearcherSettings, TrainerSettings
 
 START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
-SERVICES = {"buffer": BufferSettings, "trainer": TrainerSettings, "searcher": SearcherSettings}
+SERVICES: dict[str, type[CommonSettings]] = {
+    "buffer": BufferSettings, "trainer": TrainerSettings, "searcher": SearcherSettings}
 
 
 def table() -> str:
@@ -29,7 +30,7 @@ def table() -> str:
         default = field.get_default(call_default_factory=False)
         container = typing.get_origin(field.annotation) or field.annotation
         if field.default_factory is not None and container in (dict, list):
-            shown = f"`{json.dumps(field.default_factory())}`"
+            shown = f"`{json.dumps(field.get_default(call_default_factory=True, validated_data={}))}`"
         elif field.default_factory is not None:  # derived from the host or process (ids)
             shown = "(per host)"
         else:

@@ -48,7 +48,7 @@ class Tracker:
     def enabled(self) -> bool:
         return self.tb is not None or self.wandb_run is not None
 
-    def scalars(self, step: int, values: Mapping[str, float | int | None], prefix: str) -> None:
+    def scalars(self, step: int, values: Mapping[str, object], prefix: str) -> None:
         """``prefix/name`` = value at ``step`` for every value that is a number (None: not measured)."""
         clean = {f"{prefix}/{k}": float(v) for k, v in values.items() if isinstance(v, int | float)}
         if self.tb is not None:
@@ -76,7 +76,8 @@ class Tracker:
     def _write(self, step: int, summary) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
 
-        self.tb.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+        if self.tb is not None:
+            self.tb.add_event(Event(wall_time=time.time(), step=step, summary=summary))
 
     def close(self) -> None:
         if self.tb is not None:
@@ -87,7 +88,7 @@ class Tracker:
             self.wandb_run = None
 
 
-def _start_wandb(mode: WandbMode, project: str, group: str | None, name: str, directory: Path | None,
+def _start_wandb(mode: Literal["offline", "online"], project: str, group: str | None, name: str, directory: Path | None,
                  config: Mapping[str, Any] | None):
     try:
         import wandb

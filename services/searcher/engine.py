@@ -23,12 +23,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from services.searcher.cpus import pin_engine_core, spare_cpus
 from services.searcher.worker_ext import SPIN_ENV
 from tba.model.adapters import is_adapter, vllm_max_rank
+from tba.schemas import FinishReason
 from tba.settings import SearcherSettings
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,8 +44,25 @@ class Completion:
 
     token_ids: list[int]
     logprob_sum: float
-    finish_reason: str
+    finish_reason: FinishReason
     token_logprobs: list[float] | None = None
+
+
+def finish_reason(reason: object) -> FinishReason:
+    """vLLM's reason as the wire schema states it: any reason other than a stop or the length limit (an
+    aborted or failed request) ends the completion early, which the schema calls ``abort``."""
+    text = str(reason)
+    for known in get_args(FinishReason):
+        if text == known:
+            return known
+    return "abort"
+
+
+def chosen_logprob(step: dict[int, Any] | None, token: int) -> float:
+    """The log-prob vLLM reported for the token it chose at one step (it always reports the chosen one)."""
+    if step is None or token not in step:
+        raise RuntimeError(f"vLLM returned no log-prob for generated token {token}")
+    return float(step[token].logprob)
 
 
 class ReloadError(RuntimeError):
@@ -146,7 +167,7 @@ class Engine:
         self.on_cpu = on_cpu
         self.weights_dir = Path(weights_dir)
         self.version = version
-        self.adapter = None  # the LoRARequest every batch asks for; None: the weights alone
+        self.adapter: LoRARequest | None = None  # the LoRARequest every batch asks for; None: the weights alone
         log.info("vLLM engine up in %.1f s with %s (version %d)", time.monotonic() - started, weights_dir, version)
 
     def sampling_params(self, n: int, temperature: float, max_tokens: int, logprobs: bool = True):
@@ -178,9 +199,9 @@ class Engine:
                 ids = list(c.token_ids)
                 token_lp = None
                 if per_token and c.logprobs is not None:
-                    token_lp = [step[tok].logprob for step, tok in zip(c.logprobs, ids, strict=True)]
+                    token_lp = [chosen_logprob(step, tok) for step, tok in zip(c.logprobs, ids, strict=True)]
                 logprob_sum = c.cumulative_logprob if c.cumulative_logprob is not None else math.nan
-                group.append(Completion(ids, float(logprob_sum), str(c.finish_reason), token_lp))
+                group.append(Completion(ids, float(logprob_sum), finish_reason(c.finish_reason), token_lp))
             result.append(group)
         return result
 

@@ -225,7 +225,8 @@ class Searcher:
         return True
 
     def _generate(self) -> GeneratedBatch | None:
-        prompts, ids = [], []
+        prompts: list[Prompt] = []
+        ids: list[list[int]] = []
         limit = self.settings.max_model_len - self.settings.max_new_tokens
         candidates = distinct_prompts(self.prompts, self.settings.prompts_per_batch)
         while len(prompts) < self.settings.prompts_per_batch:

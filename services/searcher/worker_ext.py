@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+from typing import TYPE_CHECKING, Any
 
 log = logging.getLogger(__name__)
 SPIN_ENV = "TBA_WORKER_SPIN_SECONDS"
@@ -52,6 +53,11 @@ class QuietWorker:
     """The extension class vLLM mixes into its worker (every platform): importing the module applies the spin
     window above; its methods are called through ``collective_rpc``."""
 
+    if TYPE_CHECKING:  # what the worker it is mixed into provides
+        model_runner: Any
+
+        def reload_weights(self, weights_path: str) -> None: ...
+
     def reload_in_place(self, weights_path: str) -> None:
         """vLLM's in-place reload of ``weights_path``, then a tied output layer brought onto the new weights.
 
@@ -69,10 +75,11 @@ class QuietWorker:
         before = getattr(embed, "cpu_linear", None)
         self.reload_weights(weights_path=weights_path)
         method = getattr(head, "quant_method", None)
-        if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or method is None:
+        tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+        if not tied or head is None or method is None:
             return
         after = getattr(embed, "cpu_linear", None)
-        if after is not None and after is not before and head.weight is embed.weight:
+        if embed is not None and after is not None and after is not before and head.weight is embed.weight:
             head.cpu_linear = after  # the kernel the reload just packed from the shared tensor
         else:
             method.process_weights_after_loading(head)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from tba.codec import JSON_MEDIA_TYPE, MSGPACK_MEDIA_TYPE, PayloadError, decode, encode
+from tba.codec import JSON_MEDIA_TYPE, MSGPACK_MEDIA_TYPE, Format, PayloadError, decode, encode
 from tba.retry import backoff_delays
 from tba.schemas import SampledBatch, SampleRequest
 
@@ -65,7 +65,7 @@ class BufferClient:
             if _error_code(resp) == "objective_mismatch":
                 raise BufferRequestError(f"the buffer refuses this trainer: {resp.json()['error']['message']}")
             return None
-        fmt = "json" if resp.headers.get("content-type", "").startswith(JSON_MEDIA_TYPE) else "msgpack"
+        fmt: Format = "json" if resp.headers.get("content-type", "").startswith(JSON_MEDIA_TYPE) else "msgpack"
         try:
             return decode(resp.content, SampledBatch, fmt, max_bytes=self.max_bytes)
         except PayloadError as err:

@@ -186,7 +186,9 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=saved if ranks.main else {}, options=options)
+        if ranks.main:
+            assert saved is not None, "rank 0 restores the state it read"
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=saved if saved is not None else {}, options=options)
         return
     assert saved is not None
     if all(isinstance(k, int) for k in saved["state"]):

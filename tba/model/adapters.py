@@ -57,8 +57,9 @@ def vllm_max_rank(rank: int) -> int:
 def lora_config(rank: int, alpha: float, dropout: float, targets: Sequence[str]):
     from peft import LoraConfig
 
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
-                      bias="none", task_type="CAUSAL_LM")
+    # peft annotates lora_alpha as int; it only ever divides it by r, and a float alpha is what the setting holds
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,  # type: ignore[arg-type]
+                      target_modules=list(targets), bias="none", task_type="CAUSAL_LM")
 
 
 def wrap_for_training(model, base_dir: str | Path, rank: int, alpha: float, dropout: float,

@@ -31,7 +31,7 @@ _TEXT = "0123456789+-=() abcxyz"
 def labelled_strings(pattern: str, n: int, rng: random.Random) -> list[tuple[str, int]]:
     """``n`` (text, label) pairs, label 1 when ``pattern`` occurs in the text: half positives, a quarter
     random digit strings, a quarter near misses (the pattern's characters apart) and arbitrary text."""
-    out = []
+    out: list[tuple[str, int]] = []
     while len(out) < n:
         kind = rng.random()
         length = rng.randint(1, 12)

@@ -174,7 +174,7 @@ def check_architecture(config: Any, source: Path) -> None:
     """A causal language model that transformers trains and, where vLLM is installed, vLLM serves."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    model_type = getattr(config, "model_type", None)
+    model_type = str(getattr(config, "model_type", ""))
     archs = list(getattr(config, "architectures", None) or [])
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (archs and archs[0] not in causal):

@@ -48,7 +48,7 @@ def init_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(), seed:
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
