@@ -56,7 +56,7 @@ SPEC_100M = dict(hidden_size=768, num_layers=14, num_heads=12, intermediate_size
 # --model: a pretrained model's settings (chat prompts, longer answers). SmolLM2-135M generates about 90 tokens/s
 # here (a batch of 64 completions takes ~15 s, its reference pass ~10 s): one warm-up batch, 2 rounds of 4
 # batches per phase, one timed reference pass, so that the part takes about 12 minutes.
-MODEL_SETTINGS = dict(prompts_per_batch=8, samples_per_prompt=8, max_new_tokens=64, max_model_len=512,
+MODEL_SETTINGS = dict(prompts_per_batch=8, completions_per_prompt=8, max_new_tokens=64, max_model_len=512,
                       temperature=0.7, chat_template="on")
 MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 4, 5, 1
 
@@ -88,7 +88,7 @@ def _settings(model: Path, work: Path, redis_url: str, **kw):
 
     base = dict(
         model=model, redis_url=redis_url, namespace="bench", checkpoint_dir=work / "ckpt",
-        spill_dir=work / "spill", searcher_id="bench-0", prompts_per_batch=16, samples_per_prompt=8,
+        spill_dir=work / "spill", searcher_id="bench-0", prompts_per_batch=16, completions_per_prompt=8,
         max_new_tokens=32, max_model_len=128, temperature=0.7, kv_cache_gib=1, max_batches=BATCHES_PER_ROUND,
     )
     return SearcherSettings(**(base | kw))
@@ -160,7 +160,7 @@ def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int
 
     from services.searcher.loop import replica_seed
 
-    params = engine.sampling_params(settings.samples_per_prompt, settings.temperature, settings.max_new_tokens)
+    params = engine.sampling_params(settings.completions_per_prompt, settings.temperature, settings.max_new_tokens)
     # The searcher's own prompt stream: both sides see exactly the same prompts, batch by batch.
     stream = scorer.task.train_prompts(replica_seed(settings.seed, settings.searcher_id))
     batches = [list(islice(stream, settings.prompts_per_batch)) for _ in range(settings.max_batches)]
@@ -179,7 +179,7 @@ def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int
         intervals.extend(our_round[3])
         print(f"[bench] searcher {phase} round {r + 1}: bare {bare[1] / bare[0]:.0f} samples/s, "
               f"searcher {ours[1] / ours[0]:.0f} samples/s (cumulative)", flush=True)
-    label = f"P={settings.prompts_per_batch} S={settings.samples_per_prompt} T={settings.max_new_tokens}"
+    label = f"P={settings.prompts_per_batch} S={settings.completions_per_prompt} T={settings.max_new_tokens}"
     figures = [
         Figure(PART, f"samples/s {phase} ({label}) vs bare LLM.generate", ours[1] / ours[0], "samples/s",
                bare[1] / bare[0], ">= 0.9"),
@@ -291,7 +291,7 @@ def reference_pass(engine, scorer, settings, name: str, repeats: int = RELOADS) 
     stream = scorer.task.train_prompts(replica_seed(settings.seed, "reference-pass"))
     prompt_ids = [scorer.prompt_format.encode(scorer.tokenizer, next(stream).text)
                   for _ in range(settings.prompts_per_batch)]
-    params = engine.sampling_params(settings.samples_per_prompt, settings.temperature, settings.max_new_tokens)
+    params = engine.sampling_params(settings.completions_per_prompt, settings.temperature, settings.max_new_tokens)
     pairs = list(dict.fromkeys((tuple(p), tuple(c.token_ids)) for p, group in
                                zip(prompt_ids, engine.generate(prompt_ids, params), strict=True) for c in group))
     prompts, completions = [list(p) for p, _ in pairs], [list(c) for _, c in pairs]

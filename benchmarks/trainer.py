@@ -284,7 +284,7 @@ def _loop_settings(model_dir: Path, work: Path, redis_url: str, buffer_url: str,
 
     return TrainerSettings(
         redis_url=redis_url, namespace=NS, buffer_url=buffer_url, model=model_dir, checkpoint_dir=work / f"ckpt{run}",
-        prompts_per_step=P, samples_per_prompt=K, recency_prob=0.5, recent_versions=LOOP_K, warmup_samples=0,
+        prompts_per_step=P, train_samples_per_prompt=K, recency_prob=0.5, recent_versions=LOOP_K, warmup_samples=0,
         checkpoint_every=LOOP_K, max_steps=LOOP_STEPS, sample_seed=SEED0, lr=1e-5, torch_threads=1,
         metrics_file=work / f"metrics{run}.jsonl", checkpoint_grace_seconds=0.0)
 

@@ -3,21 +3,23 @@
 One base (:class:`CommonSettings`) holds what every service reads; each service
 derives its own. Every field has a one-line description: it is the ``--help``
 text and the README table. A bad value stops start-up with a message naming the
-variable (:class:`SettingsError`). This module imports no ML library, so
-``tba --help`` stays instant.
+variable (:class:`SettingsError`). A deprecated name (:data:`DEPRECATED`) still
+supplies its replacement's value when that is not set, with a warning. This module
+imports no ML library, so ``tba --help`` stays instant.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
@@ -25,6 +27,15 @@ from tba.model.adapters import DEFAULT_TARGETS
 
 ENV_PREFIX = "TBA_"
 S = TypeVar("S", bound="CommonSettings")
+log = logging.getLogger(__name__)
+
+# Deprecated names, to be removed: each still supplies the value of whichever of its replacements a
+# service's settings have (replacement field -> what it is), unless that replacement is set itself.
+DEPRECATED: dict[str, dict[str, str]] = {
+    "samples_per_prompt": {"train_samples_per_prompt": "the trainer's K",
+                           "completions_per_prompt": "the searchers' S"},
+}
+_logged: set[str] = set()  # the warnings about deprecated names this process has logged
 
 
 class SettingsError(ValueError):
@@ -45,6 +56,18 @@ class CommonSettings(BaseSettings):
     task_options: dict[str, Any] = Field(default_factory=dict,
                                          description="Task options as JSON, e.g. {\"digits\": 2}.")
     temperature: float = Field(0.7, gt=0.0, le=10.0, description="Sampling temperature T; log-probs use logits/T.")
+
+    _deprecations: list[str] = PrivateAttr(default_factory=list)  # warnings about deprecated names read
+
+    def log_deprecations(self) -> None:
+        """Log each warning about a deprecated name these settings were read from, once per process.
+
+        Called once logging is set up, which :func:`load_settings` comes before (the log level is a setting).
+        """
+        for message in self._deprecations:
+            if message not in _logged:
+                _logged.add(message)
+                log.warning("%s", message)
 
     @field_validator("redis_url")
     @classmethod
@@ -99,7 +122,8 @@ class TrainerSettings(ModelSettings):
     mode: Literal["async", "sync"] = Field(
         "async", description="async: off-policy replay; sync: current version only, a checkpoint every step.")
     prompts_per_step: int = Field(8, ge=1, le=512, description="P: prompts per optimizer step.")
-    samples_per_prompt: int = Field(8, ge=2, le=128, description="K: samples per prompt (log Z needs at least 2).")
+    train_samples_per_prompt: int = Field(8, ge=2, le=128, description="K: samples per prompt in a training batch "
+                                          "(log Z needs at least 2).")
     recency_prob: float = Field(0.95, ge=0.0, le=1.0, description="m: probability of the recency branch.")
     reward_inv_temp: float = Field(0.0, ge=0.0, description="Inverse temperature of the reward branch.")
     max_staleness: int | None = Field(None, ge=0, description="Ignore samples older than this many versions.")
@@ -172,7 +196,7 @@ class TrainerSettings(ModelSettings):
 class SearcherSettings(ModelSettings):
     searcher_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
                              description="This replica's id (also seeds its prompt stream).")
-    samples_per_prompt: int = Field(8, ge=1, description="S: completions per prompt.")
+    completions_per_prompt: int = Field(8, ge=1, description="S: completions generated per prompt.")
     prompts_per_batch: int = Field(16, ge=1, description="Prompts per generation batch.")
     max_new_tokens: int = Field(16, ge=1, le=1 << 20, description="Largest completion length.")
     max_model_len: int = Field(128, ge=16, le=1 << 24, description="vLLM max model length.")
@@ -224,6 +248,16 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _names(name: str) -> str:
+    """A setting as people give it: its variable and its flag."""
+    return f"{ENV_PREFIX}{name.upper()} / {_flag(name)}"
+
+
+def _replacement(cls: type[CommonSettings], old: str) -> str | None:
+    """The field of ``cls`` that the deprecated name ``old`` supplies (None: not one of this service's)."""
+    return next((new for new in DEPRECATED[old] if new in cls.model_fields), None)
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[CommonSettings]) -> None:
     """One ``--flag`` per settings field; the env variable is named in its help."""
     group = parser.add_argument_group("settings (flag or environment variable)")
@@ -232,6 +266,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[CommonSett
         shown = "(secret)" if name == "auth_token" else default
         help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
         group.add_argument(_flag(name), dest=f"setting__{name}", default=None, metavar="VALUE", help=help_text)
+    for old in DEPRECATED:
+        new = _replacement(cls, old)
+        if new is not None:
+            group.add_argument(_flag(old), dest=f"deprecated__{old}", default=None, metavar="VALUE",
+                               help=f"Deprecated, will be removed: use {_flag(new)}. [env {ENV_PREFIX}{old.upper()}]")
 
 
 def _json_valued(cls: type[CommonSettings], name: str) -> bool:
@@ -239,12 +278,45 @@ def _json_valued(cls: type[CommonSettings], name: str) -> bool:
     return typing.get_origin(cls.model_fields[name].annotation) in (list, dict)
 
 
+def _env(name: str) -> str | None:
+    """A variable's value, its name matched regardless of case (as pydantic-settings reads them)."""
+    return next((v for k, v in os.environ.items() if k.upper() == name), None)
+
+
+def _deprecated_values(cls: type[CommonSettings], values: dict[str, Any],
+                       flags: dict[str, str]) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """The deprecated names given (flag, else environment) that supply a field, as field -> (old name, value),
+    and a warning for every deprecated name given. A replacement set anywhere wins over its deprecated name."""
+    supplied: dict[str, tuple[str, str]] = {}
+    warnings = []
+    for old, replacements in DEPRECATED.items():
+        new = _replacement(cls, old)
+        value = flags.get(old, _env(f"{ENV_PREFIX}{old.upper()}"))
+        if new is None or value is None:
+            continue
+        use = " and ".join(f"{_names(n)} ({what})" for n, what in replacements.items())
+        message = f"{_names(old)} is deprecated and will be removed: set {use} instead."
+        if new in values or _env(f"{ENV_PREFIX}{new.upper()}") is not None:
+            warnings.append(f"{message} It is ignored here: {_names(new)} is set.")
+        else:
+            supplied[new] = (old, value)
+            warnings.append(f"{message} Its value {value} is used for {_names(new)}.")
+    return supplied, warnings
+
+
 def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overrides: Any) -> S:
-    """Build settings from env, then CLI flags, then keyword overrides; explain any bad value."""
+    """Build settings from env, then CLI flags, then keyword overrides; explain any bad value.
+
+    A deprecated name (:data:`DEPRECATED`, variable or flag) supplies its replacement when that is given
+    nowhere; the settings keep a warning about it for :meth:`CommonSettings.log_deprecations`.
+    """
     values: dict[str, Any] = {}
+    flags: dict[str, str] = {}  # deprecated flags given
     if args is not None:
         for key, val in vars(args).items():
-            if key.startswith("setting__") and val is not None:
+            if key.startswith("deprecated__") and val is not None:
+                flags[key.removeprefix("deprecated__")] = val
+            elif key.startswith("setting__") and val is not None:
                 name = key.removeprefix("setting__")
                 if _json_valued(cls, name):
                     try:
@@ -253,16 +325,22 @@ def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overri
                         raise SettingsError(f"{_flag(name)}: not valid JSON ({val!r})") from None
                 values[name] = val
     values.update({k: v for k, v in overrides.items() if v is not None})
+    supplied, warnings = _deprecated_values(cls, values, flags)
+    values.update({new: value for new, (_old, value) in supplied.items()})
     try:
-        return cls(**values)
+        settings = cls(**values)
     except SourceError as err:  # a JSON-valued variable (e.g. TBA_TASK_OPTIONS) that does not parse
         name = next((n for n in cls.model_fields if f'"{n}"' in str(err)), "")
-        where = f"{ENV_PREFIX}{name.upper()} / {_flag(name)}" if name else "environment"
+        where = _names(name) if name else "environment"
         raise SettingsError(f"invalid configuration:\n  {where}: not valid JSON ({err.__cause__})") from None
     except ValidationError as err:
         lines = []
         for e in err.errors():
             name = str(e["loc"][0]) if e["loc"] else ""
-            where = f"{ENV_PREFIX}{name.upper()} / {_flag(name)}" if name else "settings"
+            where = _names(name) if name else "settings"
+            if name in supplied:
+                where = f"{_names(supplied[name][0])} (deprecated, for {ENV_PREFIX}{name.upper()})"
             lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+    settings._deprecations = warnings
+    return settings

@@ -11,7 +11,7 @@ import sys
 import typing
 from pathlib import Path
 
-from tba.settings import ENV_PREFIX, BufferSettings, CommonSettings, SearcherSettings, TrainerSettings
+from tba.settings import DEPRECATED, ENV_PREFIX, BufferSettings, CommonSettings, SearcherSettings, TrainerSettings
 
 START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
 SERVICES: dict[str, type[CommonSettings]] = {
@@ -37,6 +37,11 @@ def table() -> str:
             shown = "unset" if default is None else f"`{default}`"
         who = "all" if len(users) == len(SERVICES) else ", ".join(users)
         rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {who} | {shown} | {field.description} |")
+    for old, replacements in DEPRECATED.items():
+        users = [svc for svc, cls in SERVICES.items() if any(new in cls.model_fields for new in replacements)]
+        new = " and ".join(f"`{ENV_PREFIX}{n.upper()}` ({what})" for n, what in replacements.items())
+        rows.append(f"| `{ENV_PREFIX}{old.upper()}` | {', '.join(users)} | unset | Deprecated, will be removed: "
+                    f"supplies {new} where those are unset. |")
     return "\n".join(rows)
 
 

@@ -133,6 +133,7 @@ def main(args: argparse.Namespace) -> int:
     except SettingsError as err:
         print(f"tba up: {err}", file=sys.stderr)
         return 2
+    args.searcher_settings.log_deprecations()
     if args.base_model is not None:
         from tba.model.importer import ModelImportError, resolve_model
 

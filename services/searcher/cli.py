@@ -21,6 +21,7 @@ def main(args: argparse.Namespace) -> int:
 
     settings = load_settings(SearcherSettings, args)
     setup_logging(settings.log_level, settings.log_json)
+    settings.log_deprecations()
     try:
         task = check_all(settings)
         from services.searcher.service import run_service

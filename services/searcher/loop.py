@@ -113,7 +113,7 @@ class Searcher:
         self.scorer = scorer
         self.searcher_id = settings.searcher_id
         self.prompts = scorer.task.train_prompts(replica_seed(settings.seed, settings.searcher_id))
-        self.params = engine.sampling_params(settings.samples_per_prompt, settings.temperature,
+        self.params = engine.sampling_params(settings.completions_per_prompt, settings.temperature,
                                              settings.max_new_tokens)
         self.spill = spill if spill is not None else SpillQueue(settings.spill_dir, settings.spill_max_bytes)
         self.publisher = Publisher(

@@ -265,8 +265,8 @@ class Trainer:
         s = self.settings
         sync = s.mode == "sync"
         return SampleRequest(
-            num_prompts=s.prompts_per_step, samples_per_prompt=s.samples_per_prompt, recency_prob=s.recency_prob,
-            reward_inv_temp=s.reward_inv_temp, trainer_version=self.step,
+            num_prompts=s.prompts_per_step, samples_per_prompt=s.train_samples_per_prompt,
+            recency_prob=s.recency_prob, reward_inv_temp=s.reward_inv_temp, trainer_version=self.step,
             recent_versions=s.recent_versions or self.k, max_staleness=s.max_staleness,
             only_version=self.step if sync else None,
             seed=None if s.sample_seed is None else s.sample_seed + self.step,

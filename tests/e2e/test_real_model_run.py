@@ -39,8 +39,9 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> dict:
     run_dir = tmp_path_factory.mktemp("e2e-real") / "run"
     env = {
         **os.environ, "TBA_AUTH_TOKEN": TOKEN, "TBA_TEMPERATURE": str(T),
-        "TBA_PROMPTS_PER_BATCH": "2", "TBA_SAMPLES_PER_PROMPT": "4", "TBA_PROMPTS_PER_STEP": "2",
-        "TBA_MAX_NEW_TOKENS": "32", "TBA_MAX_MODEL_LEN": "256", "TBA_WARMUP_SAMPLES": "8",
+        "TBA_PROMPTS_PER_BATCH": "2", "TBA_COMPLETIONS_PER_PROMPT": "4", "TBA_PROMPTS_PER_STEP": "2",
+        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4", "TBA_MAX_NEW_TOKENS": "32", "TBA_MAX_MODEL_LEN": "256",
+        "TBA_WARMUP_SAMPLES": "8",
         "TBA_CHECKPOINT_EVERY": "1", "TBA_KEEP_CHECKPOINTS": "10", "TBA_CHECKPOINT_GRACE_SECONDS": "600",
         "TBA_LR": "1e-3",  # large for a smoke run: each version's log-probs move well past the kernels' noise
     }

@@ -209,7 +209,7 @@ def test_the_searcher_serves_each_published_adapter_in_place(tiny_model: Path, t
     store = CheckpointStore(tmp_path / "ckpt")
     settings = SearcherSettings(
         model=tiny_model, redis_url=redis_server.url, namespace="t", checkpoint_dir=store.root,
-        spill_dir=tmp_path / "spill", searcher_id="s-lora", samples_per_prompt=4, prompts_per_batch=4,
+        spill_dir=tmp_path / "spill", searcher_id="s-lora", completions_per_prompt=4, prompts_per_batch=4,
         max_new_tokens=12, temperature=T, max_model_len=64, kv_cache_gib=1, lora_rank=RANK, max_batches=1,
         reload_poll_seconds=0.2,
     )

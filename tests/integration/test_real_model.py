@@ -44,7 +44,7 @@ def parts(smollm2: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("real")
     settings = SearcherSettings(
         model=smollm2, redis_url="redis://127.0.0.1:1/0", namespace="t", checkpoint_dir=tmp / "ckpt",
-        spill_dir=tmp / "spill", searcher_id="s-real", samples_per_prompt=4, prompts_per_batch=3,
+        spill_dir=tmp / "spill", searcher_id="s-real", completions_per_prompt=4, prompts_per_batch=3,
         max_new_tokens=MAX_NEW, max_model_len=512, temperature=T, kv_cache_gib=1,
     )
     task = make_task("arithmetic", chat=True)

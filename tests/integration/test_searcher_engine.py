@@ -41,7 +41,7 @@ PROMPTS = ["12+34=", "5+7=", "99+1=", "40+40=", "3+58=", "61+22="]
 def settings_for(model: Path, tmp: Path, redis_url: str = "redis://127.0.0.1:1/0", **kw) -> SearcherSettings:
     base = dict(
         model=model, redis_url=redis_url, namespace="t", checkpoint_dir=tmp / "ckpt", spill_dir=tmp / "spill",
-        searcher_id="s-test", samples_per_prompt=4, prompts_per_batch=6, max_new_tokens=12, temperature=T,
+        searcher_id="s-test", completions_per_prompt=4, prompts_per_batch=6, max_new_tokens=12, temperature=T,
         max_model_len=64, kv_cache_gib=1, reload_poll_seconds=0.2, flush_timeout_seconds=5.0, max_batches=1,
     )
     return SearcherSettings(**(base | kw))

@@ -51,7 +51,7 @@ def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> No
         **os.environ, "TBA_MODEL": str(tiny_model), "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": "proc",
         "TBA_CHECKPOINT_DIR": str(store.root), "TBA_SPILL_DIR": str(tmp_path / "spill"),
         "TBA_METRICS_PORT": str(port), "TBA_SEARCHER_ID": "proc-0", "TBA_PROMPTS_PER_BATCH": "4",
-        "TBA_SAMPLES_PER_PROMPT": "4", "TBA_MAX_NEW_TOKENS": "8", "TBA_MAX_MODEL_LEN": "64",
+        "TBA_COMPLETIONS_PER_PROMPT": "4", "TBA_MAX_NEW_TOKENS": "8", "TBA_MAX_MODEL_LEN": "64",
         "TBA_RELOAD_POLL_SECONDS": "1",
     }
     log = tmp_path / "searcher.log"

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 def test_shutdown_during_a_reload_exits_cleanly(redis_server, tmp_path: Path, tiny_model: Path) -> None:
     settings = SearcherSettings(
         model=tiny_model, redis_url=redis_server.url, namespace="t", checkpoint_dir=tmp_path / "ckpt",
-        spill_dir=tmp_path / "spill", searcher_id="s-stop", samples_per_prompt=4, prompts_per_batch=3,
+        spill_dir=tmp_path / "spill", searcher_id="s-stop", completions_per_prompt=4, prompts_per_batch=3,
         max_new_tokens=8, max_model_len=64, kv_cache_gib=1, reload_poll_seconds=0.2, flush_timeout_seconds=5.0,
     )
     engine = Engine(settings, tiny_model, version=0, seed=0)

@@ -148,7 +148,7 @@ def buffer(redis_server, tmp_path):
 def settings_for(redis_server, buffer: BufferProcess, tiny_model: Path, tmp_path: Path, **kw) -> TrainerSettings:
     base = dict(
         redis_url=redis_server.url, namespace=NS, buffer_url=buffer.url, model=tiny_model,
-        checkpoint_dir=tmp_path / "ckpt", metrics_port=0, prompts_per_step=2, samples_per_prompt=4,
+        checkpoint_dir=tmp_path / "ckpt", metrics_port=0, prompts_per_step=2, train_samples_per_prompt=4,
         warmup_samples=24, checkpoint_every=2, checkpoint_grace_seconds=0.0, poll_seconds=0.05, lr=1e-3,
         metrics_file=tmp_path / "metrics.jsonl", torch_threads=1,
     )
@@ -336,7 +336,7 @@ def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buff
     env = {**os.environ, "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": NS, "TBA_BUFFER_URL": buffer.url,
            "TBA_MODEL": str(tiny_model), "TBA_CHECKPOINT_DIR": str(ckpt), "TBA_MAX_STEPS": "1000",
            "TBA_CHECKPOINT_EVERY": "2", "TBA_KEEP_CHECKPOINTS": "3", "TBA_CHECKPOINT_GRACE_SECONDS": "0",
-           "TBA_PROMPTS_PER_STEP": "2", "TBA_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24",
+           "TBA_PROMPTS_PER_STEP": "2", "TBA_TRAIN_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24",
            "TBA_TORCH_THREADS": "1", "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3",
            "TBA_METRICS_FILE": str(metrics_file), "TBA_LORA_RANK": str(lora_rank)}
     announcements = Announcements(redis_server.client())
@@ -422,7 +422,7 @@ def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_
     env = {**os.environ, "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": NS, "TBA_BUFFER_URL": buffer.url,
            "TBA_MODEL": str(tiny_model), "TBA_CHECKPOINT_DIR": str(ckpt), "TBA_MAX_STEPS": "1000",
            "TBA_CHECKPOINT_EVERY": "2", "TBA_CHECKPOINT_GRACE_SECONDS": "0", "TBA_PROMPTS_PER_STEP": "3",
-           "TBA_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24", "TBA_TORCH_THREADS": "1",
+           "TBA_TRAIN_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24", "TBA_TORCH_THREADS": "1",
            "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3", "TBA_METRICS_FILE": str(tmp_path / "metrics.jsonl")}
     log_path = tmp_path / "trainer.log"
     env["TBA_TRAINER_PROCS"] = "2"  # `tba trainer` runs itself under torchrun

@@ -76,8 +76,8 @@ def test_completion_longer_than_the_model(capsys, model_files: Path) -> None:
 
 
 def test_bad_setting_value(capsys) -> None:
-    code, err = run(capsys, "--samples-per-prompt", "zero")
-    assert code == 2 and "TBA_SAMPLES_PER_PROMPT" in err
+    code, err = run(capsys, "--completions-per-prompt", "zero")
+    assert code == 2 and "TBA_COMPLETIONS_PER_PROMPT" in err
 
 
 def test_spill_dir_in_use(capsys, tmp_path: Path, model_files: Path) -> None:
