@@ -287,7 +287,8 @@ def reference_pass(engine, scorer, settings, name: str, repeats: int = RELOADS) 
     import torch
 
     from services.searcher.loop import replica_seed
-    from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs_chunked, token_budget_chunks
+    from tba.model.batches import token_budget_chunks
+    from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs_chunked
 
     stream = scorer.task.train_prompts(replica_seed(settings.seed, "reference-pass"))
     prompt_ids = [scorer.prompt_format.encode(scorer.tokenizer, next(stream).text)
