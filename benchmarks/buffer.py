@@ -29,10 +29,11 @@ import httpx
 
 from benchmarks import Figure
 from services.buffer.ingest import Ingestor
-from services.buffer.store import BufferStore, connect
+from services.buffer.store import BufferStore
 from tba.codec import MSGPACK_MEDIA_TYPE, encode, pack
 from tba.keys import STREAM_FIELD
 from tba.ops import free_port
+from tba.redis_client import async_client
 from tba.schemas import SampleRequest, ScoredGroup, ScoredSample
 from tba.settings import BufferSettings
 
@@ -75,7 +76,7 @@ class Redis:
 
 
 async def wait_redis(url: str) -> None:
-    client = connect(url)
+    client = async_client(url)
     for _ in range(200):
         try:
             await client.ping()
@@ -87,7 +88,7 @@ async def wait_redis(url: str) -> None:
 
 async def raw_baselines(url: str, payload: bytes, n: int = 10_000) -> tuple[float, float]:
     """Pipelined SET then GET of ``n`` payload-sized values: samples/s a bare Redis takes and gives."""
-    client = connect(url)
+    client = async_client(url)
     rng = random.Random(0)
     t0 = time.perf_counter()
     for start in range(0, n, 1000):
@@ -195,7 +196,7 @@ async def run(redis_url: str, service_url: str) -> list[Figure]:
     sample_payload = pack(make_group(0, 0, rng).samples[0].model_dump())
     payload = len(sample_payload)
     settings = BufferSettings(redis_url=redis_url, global_capacity=2_000_000, consumer_name="bench")
-    client = connect(redis_url)
+    client = async_client(redis_url)
     store = BufferStore(client, settings)
     empty = await used_memory(store)
     loader = Ingestor(client, store, settings)

@@ -48,12 +48,12 @@ def _ours(model, tok, prompts) -> None:
 def _hf(model, tok, prompts, batched: bool) -> None:
     import torch
 
-    from tba.model.generate import _left_pad
+    from tba.model.batches import pad
 
     groups = [prompts] if batched else [[p] for p in prompts]
     with torch.inference_mode():
         for group in groups:
-            ids, mask = _left_pad(group, tok.pad_token_id)
+            ids, mask = pad(group, tok.pad_token_id, left=True)
             out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                  do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
             assert out.shape[1] == ids.shape[1] + NEW_TOKENS

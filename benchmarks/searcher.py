@@ -65,6 +65,8 @@ MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 4, 
 def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
     import redis
 
+    from tba.redis_client import sync_client
+
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
@@ -72,7 +74,7 @@ def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
          "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
+    client = sync_client(url)
     for _ in range(100):
         try:
             client.ping()
@@ -115,11 +117,10 @@ def _bare_round(engine, scorer, prompts, params) -> tuple[float, int, int, list[
 def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, int, int, list[tuple[float, int]]]:
     """The whole searcher loop for ``max_batches`` batches, the final flush included: (seconds, samples, tokens,
     (seconds since the previous batch's publication, tokens) for batches 2..N)."""
-    import redis
-
     from services.searcher.loop import Searcher
+    from tba.redis_client import sync_client
 
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     client.flushdb()
     searcher = Searcher(settings, engine, scorer)
     try:
@@ -286,7 +287,8 @@ def reference_pass(engine, scorer, settings, name: str, repeats: int = RELOADS) 
     import torch
 
     from services.searcher.loop import replica_seed
-    from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs_chunked, token_budget_chunks
+    from tba.model.batches import token_budget_chunks
+    from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs_chunked
 
     stream = scorer.task.train_prompts(replica_seed(settings.seed, "reference-pass"))
     prompt_ids = [scorer.prompt_format.encode(scorer.tokenizer, next(stream).text)

@@ -85,7 +85,8 @@ def _wait(cond, timeout: float, what: str) -> None:
 def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
     """redis-server and `tba buffer` on free ports; returns the processes, the Redis URL, the buffer URL."""
     import httpx
-    import redis
+
+    from tba.redis_client import sync_client
 
     rport, bport = free_port(), free_port()
     (work / "redis").mkdir(parents=True)
@@ -93,7 +94,7 @@ def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
                                str(work / "redis"), "--save", "", "--appendonly", "no"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     redis_url = f"redis://127.0.0.1:{rport}/0"
-    _wait(lambda: redis.Redis.from_url(redis_url).ping(), 10, "redis-server")
+    _wait(lambda: sync_client(redis_url).ping(), 10, "redis-server")
     env = {**os.environ, "TBA_REDIS_URL": redis_url, "TBA_NAMESPACE": NS, "TBA_LOG_LEVEL": "WARNING"}
     procs.append(subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer", "--port", str(bport)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=(work / "buffer.log").open("w")))
@@ -108,7 +109,6 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, pr
     K per prompt, scored, with reference log-probs (the policy is the reference here), through the buffer's
     stream as a searcher publishes them."""
     import httpx
-    import redis
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -117,6 +117,7 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, pr
     from tba.keys import STREAM_FIELD, Keys
     from tba.model.logprobs import sequence_logprobs
     from tba.model.tokenizer import PLAIN, load_tokenizer
+    from tba.redis_client import sync_client
     from tba.schemas import ScoredGroup, ScoredSample
     from tba.tasks import make_task
 
@@ -124,7 +125,7 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, pr
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     task = task if task is not None else make_task("arithmetic", {"digits": 3})
     prompt_format = prompt_format if prompt_format is not None else PLAIN
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     prompts = iter(task.train_prompts(seed=1))
     seen: set[str] = set()
     while len(seen) < pool:
@@ -333,7 +334,6 @@ def publish_time(work: Path, redis_url: str, name: str, model_dir: Path, repeats
                  report_size: bool = False) -> list[Figure]:
     """Median publish of the model at ``model_dir`` with one step's AdamW state, against a durable bare save;
     ``report_size`` adds the checkpoint's size (weights, and the optimizer/trainer state beside them)."""
-    import redis
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -342,6 +342,7 @@ def publish_time(work: Path, redis_url: str, name: str, model_dir: Path, repeats
     from tba.checkpoints import TRAINER_STATE_DIR, CheckpointStore
     from tba.keys import Keys
     from tba.model.tokenizer import load_tokenizer
+    from tba.redis_client import sync_client
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
@@ -350,7 +351,7 @@ def publish_time(work: Path, redis_url: str, name: str, model_dir: Path, repeats
     model(input_ids=torch.tensor([[1, 5, 6, 7]])).logits.sum().backward()  # one step: Adam moments exist
     opt.step()
     store = CheckpointStore(work / f"ckpt-{name}")
-    announcer = Announcer(redis.Redis.from_url(redis_url), Keys(NS))
+    announcer = Announcer(sync_client(redis_url), Keys(NS))
     ours, bare = [], []
     for step in range(1, repeats + 1):
         out = work / f"bare-{name}-{step}"

@@ -80,6 +80,7 @@ from reliability.services import ROOT, RedisProcess
 from tba.checkpoints import CheckpointError, CheckpointStore, parse_manifest
 from tba.codec import unpack
 from tba.keys import STREAM_FIELD, Keys
+from tba.redis_client import sync_client
 
 NAMESPACE = "chaos"
 AUDIT_GROUP = "chaos-audit"
@@ -226,7 +227,7 @@ class Audit:
         return max((a.version for a in self.announcements), default=0)
 
     def _client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
+        return sync_client(self.redis_url, timeout=5)
 
     def _follow_stream(self) -> None:
         last = "0-0"
@@ -507,7 +508,7 @@ def read_kept(redis_dir: Path) -> Kept:
         shutil.copytree(redis_dir, copy)
         server = RedisProcess(copy).start()
         try:
-            client = redis.Redis.from_url(server.url)
+            client = sync_client(server.url)
             keys = Keys(NAMESPACE)
             ids: list[str] = []
             start = "-"

@@ -43,13 +43,13 @@ from typing import Any
 
 import httpx
 import msgpack
-import redis
 
 from reliability.payloads import REFERENCE, TEMPERATURE, group_dict
 from reliability.report import finish, table
 from reliability.services import BufferProcess, RedisProcess
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
+from tba.redis_client import sync_client
 
 # The buffer's size limit during the run: small enough that the oversized poison entries (and any
 # body schemathesis generates past it) stay cheap to hold in Redis, well above any valid message here.
@@ -343,7 +343,7 @@ def run_poison(buffer: BufferProcess, redis_url: str, repeats: int, namespace: s
     Must run on a buffer whose dead-letter stream is empty and that nothing else writes to meanwhile:
     the counters of ``/v1/stats`` are compared before and after."""
     keys = Keys(namespace)
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     before = httpx.get(f"{buffer.url}/v1/stats", timeout=10).json()
     assert client.xlen(keys.dead_letters) == before["dead_letters"] == 0, "the dead-letter stream is not empty"
     kind_of: dict[bytes, int] = {}

@@ -47,6 +47,7 @@ from reliability.report import finish, table
 from reliability.services import ROOT, BufferProcess, RedisProcess
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
+from tba.redis_client import sync_client
 
 WRITE_ROUTES = ("/v1/sample", "/v1/groups")
 TIMED_REQUESTS = 500
@@ -176,7 +177,7 @@ def check_redis_password(server: RedisProcess, work: Path, token: str, result: S
                        f"/readyz {code}: {reason[:120]}; POST /v1/groups {r.status_code}")
         finally:
             buffer.stop()
-    sync = redis.Redis.from_url(server.url)
+    sync = sync_client(server.url)
     result.add("Redis refuses a client without the password", 1, _refused(server.url_without_password), "")
     stream = Keys().trajectories
     sync.xadd(stream, {STREAM_FIELD: pack(group_dict("sec-stream", "ps", [[9, 9, 9]], [0.5]))})
@@ -207,7 +208,7 @@ def check_redis_password(server: RedisProcess, work: Path, token: str, result: S
 
 def _refused(url: str) -> bool:
     try:
-        redis.Redis.from_url(url, socket_timeout=2).set("probe", "1")
+        sync_client(url, timeout=2).set("probe", "1")
     except redis.AuthenticationError:
         return True
     except redis.ResponseError as err:

@@ -52,6 +52,7 @@ from reliability.report import finish, table
 from reliability.services import BufferProcess, RedisProcess, cpu_seconds, rss_bytes
 from tba.codec import MSGPACK_MEDIA_TYPE
 from tba.keys import STREAM_FIELD, Keys
+from tba.redis_client import sync_client
 from tba.settings import BufferSettings
 
 GROWTH_LIMIT = 0.10  # RSS and Redis memory: at most 10% more at the end than at the end of the warm-up
@@ -137,7 +138,7 @@ def stream_producer(cfg: SoakConfig, index: int, redis_url: str, t0: float, stop
                     sent: Synchronized, errors: Synchronized) -> None:
     """A searcher's traffic: XADD a group to the trajectory stream ``group_rate`` times a second."""
     source = GroupSource(cfg, f"stream-{index}", t0, seed=index)
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     for _ in _paced(cfg.group_rate, stop):
         try:
             client.xadd(KEYS.trajectories, {STREAM_FIELD: source.next()})
@@ -366,7 +367,7 @@ class SoakResult:
 def soak(cfg: SoakConfig, redis_url: str, workdir: Path, progress: bool = False) -> SoakResult:
     """Run the soak against a fresh buffer on ``redis_url`` (an empty Redis of the caller's)."""
     token = secrets.token_hex(16)
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     empty_used_memory = int(client.info("memory")["used_memory"])
     buffer = BufferProcess(redis_url, workdir / "buffer.log", token=token, consumer_name="soak",
                            per_prompt_capacity=cfg.per_prompt_capacity, global_capacity=cfg.global_capacity,

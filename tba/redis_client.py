@@ -1,16 +1,22 @@
-"""The synchronous Redis client of the searchers and the trainer: one Redis or a Redis Cluster.
+"""Every Redis client of the system: one Redis or a Redis Cluster, from ``TBA_REDIS_URL`` and ``TBA_REDIS_CLUSTER``.
 
-The buffer (asyncio) builds its own client in ``services.buffer.store.connect``; both read the
-same two settings, ``TBA_REDIS_URL`` and ``TBA_REDIS_CLUSTER``. Every key the searchers and the
-trainer touch (the trajectory stream, the checkpoint manifest) is a single key, so a cluster
-client routes each command to its node with no other change.
+:func:`sync_client` serves the searchers, the trainer, ``tba up`` and the reliability harnesses;
+:func:`async_client` serves the buffer (asyncio). Every key the searchers and the trainer touch (the
+trajectory stream, the checkpoint manifest) is a single key, so a cluster client routes each
+command to its node with no other change; the buffer's scripts keep each call within one hash slot.
 """
 
 from __future__ import annotations
 
 import redis
-from redis.backoff import NoBackoff
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 
@@ -24,3 +30,26 @@ def sync_client(url: str, cluster: bool = False, timeout: float | None = None,
     if cluster:
         return RedisCluster.from_url(url, **options)
     return redis.Redis.from_url(url, **options)
+
+
+class DroppedConnectionRetry(AsyncRetry):
+    """Retries dropped connections, never refused credentials (an AuthenticationError is a ConnectionError):
+    a wrong password stays wrong, and retrying it only makes every request, and the readiness probe, hang
+    for seconds before saying so."""
+
+    async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def]
+        def retryable(err: Exception) -> bool:
+            return not isinstance(err, AuthenticationError) and (is_retryable is None or is_retryable(err))
+
+        return await super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def async_client(url: str, cluster: bool = False) -> aioredis.Redis | AsyncRedisCluster:
+    """The buffer's client: a dropped connection (Redis restarted, failover) is retried a few times
+    with backoff before a request fails. Retrying a write is safe: the buffer's writes are
+    idempotent by group id."""
+    retry = DroppedConnectionRetry(ExponentialBackoff(cap=1.0, base=0.05), 4)
+    if cluster:
+        return AsyncRedisCluster.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError])
+    return aioredis.Redis.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
+                                   health_check_interval=30)

@@ -281,15 +281,14 @@ class LocalRun:
 
     def _subscribe_versions(self, redis_url: str, observer) -> None:
         """Record every checkpoint announcement, as the searchers see them."""
-        import redis
-
         from tba.checkpoints import parse_manifest
         from tba.keys import Keys
+        from tba.redis_client import sync_client
 
         def listen() -> None:
             while not self.listen_done.is_set():
                 try:
-                    pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+                    pubsub = sync_client(redis_url).pubsub(ignore_subscribe_messages=True)
                     pubsub.subscribe(Keys(self.namespace).checkpoint_channel)
                     while not self.listen_done.is_set():
                         msg = pubsub.get_message(timeout=0.2)
@@ -459,9 +458,10 @@ class LocalRun:
         import redis
 
         from tba.keys import Keys
+        from tba.redis_client import sync_client
 
         # A timeout: a Redis that does not answer (stopped, overloaded) must not hold up the watch loop.
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = sync_client(self.redis_url, timeout=2)
         try:
             return int(client.xinfo_stream(Keys(self.namespace).trajectories)["entries-added"])
         except (redis.RedisError, KeyError):

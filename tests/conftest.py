@@ -65,9 +65,9 @@ class RedisServer:
         self.proc = None
 
     def client(self):
-        import redis
+        from tba.redis_client import sync_client
 
-        return redis.Redis.from_url(self.url)
+        return sync_client(self.url)
 
 
 class RedisClusterServers:
@@ -108,9 +108,9 @@ class RedisClusterServers:
             node.stop()
 
     def client(self):
-        import redis.cluster
+        from tba.redis_client import sync_client
 
-        return redis.cluster.RedisCluster.from_url(self.url)
+        return sync_client(self.url, cluster=True)
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,9 @@ except Exception as err:  # report, never crash: the caller polls again
     out["checkpoint_error"] = repr(err)
 
 try:
-    import redis
+    from tba.redis_client import sync_client
 
-    client = redis.Redis.from_url(os.environ["TBA_REDIS_URL"], socket_timeout=5)
+    client = sync_client(os.environ["TBA_REDIS_URL"], timeout=5)
     raw = client.get(Keys(os.environ.get("TBA_NAMESPACE", "tba")).latest_manifest)
     out["announced_version"] = json.loads(raw)["version"] if raw else None
 except Exception as err:

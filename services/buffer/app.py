@@ -25,7 +25,8 @@ from services.buffer.errors import install_error_handlers
 from services.buffer.ingest import Ingestor
 from services.buffer.metrics import BufferMetrics
 from services.buffer.sampler import Sampler
-from services.buffer.store import BufferStore, connect
+from services.buffer.store import BufferStore
+from tba.redis_client import async_client
 from tba.schemas import SampleRequest, ScoredGroup
 from tba.settings import BufferSettings
 
@@ -40,7 +41,7 @@ def create_app(settings: BufferSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = connect(settings.redis_url, settings.redis_cluster)
+        client = async_client(settings.redis_url, settings.redis_cluster)
         store = BufferStore(client, settings)
         app.state.redis, app.state.store = client, store
         app.state.sampler = Sampler(store)

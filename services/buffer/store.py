@@ -22,11 +22,6 @@ from typing import Any
 import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import AuthenticationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.buffer import scripts
 from tba.codec import pack
@@ -78,29 +73,6 @@ class PromptView:
     versions: list[int]
     rewards: list[float]
     copies: list[int]  # how many times each sample was generated at its stored version
-
-
-class DroppedConnectionRetry(Retry):
-    """Retries dropped connections, never refused credentials (an AuthenticationError is a ConnectionError):
-    a wrong password stays wrong, and retrying it only makes every request, and the readiness probe, hang
-    for seconds before saying so."""
-
-    async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def]
-        def retryable(err: Exception) -> bool:
-            return not isinstance(err, AuthenticationError) and (is_retryable is None or is_retryable(err))
-
-        return await super().call_with_retry(do, fail, retryable, with_failure_count)
-
-
-def connect(url: str, cluster: bool = False) -> Redis:
-    """The service's Redis client (a cluster client when ``cluster``): a dropped connection (Redis
-    restarted, failover) is retried a few times with backoff before a request fails. Retrying a
-    write is safe: writes are idempotent by group id."""
-    retry = DroppedConnectionRetry(ExponentialBackoff(cap=1.0, base=0.05), 4)
-    if cluster:
-        return RedisCluster.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError])
-    return aioredis.Redis.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                                   health_check_interval=30)
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,13 @@ from services.searcher.cpus import lower_thread_priority, pinned, spare_cpus
 from services.searcher.engine import Engine, EngineStopped, ReloadError
 from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
 from services.searcher.pacing import Pacer
-from services.searcher.publisher import Publisher, make_redis
+from services.searcher.publisher import Publisher
 from services.searcher.scorer import GeneratedBatch, Scorer
 from services.searcher.spill import SpillQueue
 from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
 from tba.keys import Keys
+from tba.redis_client import sync_client
 from tba.settings import SearcherSettings
 from tba.tasks import Prompt
 
@@ -87,7 +88,7 @@ def replica_seed(seed: int, searcher_id: str) -> int:
 
 def redis_for(settings: SearcherSettings):
     """The searcher's Redis client (one Redis or a cluster), failing fast: callers own the retries."""
-    return make_redis(settings.redis_url, settings.redis_timeout_seconds, settings.redis_cluster)
+    return sync_client(settings.redis_url, settings.redis_cluster, timeout=settings.redis_timeout_seconds, retry=False)
 
 
 def build_watcher(settings: SearcherSettings, version: int) -> CheckpointWatcher:

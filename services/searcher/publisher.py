@@ -20,21 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from redis.cluster import RedisCluster
 
 from services.searcher.spill import SpillEntry, SpillQueue
 from tba.codec import PayloadError, decode, encode, unpack
 from tba.keys import STREAM_FIELD, Keys
-from tba.redis_client import sync_client
 from tba.retry import backoff_delays
 from tba.schemas import ScoredGroup
 
 log = logging.getLogger(__name__)
-
-
-def make_redis(url: str, timeout: float, cluster: bool = False) -> redis.Redis | RedisCluster:
-    """A client that fails fast (no hidden retries): the publisher owns the retry policy."""
-    return sync_client(url, cluster, timeout=timeout, retry=False)
 
 
 @dataclass

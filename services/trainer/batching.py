@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tba.model.batches import token_budget_chunks
 from tba.schemas import SampledBatch
 
 log = logging.getLogger(__name__)
@@ -102,23 +103,16 @@ def group_by_prompt(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
 
 def plan_micro_batches(rows: list[Row], token_budget: int) -> list[MicroBatch]:
     """Pack whole prompts, longest first, into micro-batches of at most ``token_budget`` padded tokens."""
-    units = sorted(group_by_prompt(rows).values(), key=lambda u: max(r.length for r in u), reverse=True)
-    plans: list[list[list[Row]]] = []
-    n_rows, longest = 0, 0
-    for unit in units:
-        unit_longest = max(r.length for r in unit)
-        fits = (n_rows + len(unit)) * max(longest, unit_longest) <= token_budget
-        if plans and fits:
-            plans[-1].append(unit)
-            n_rows, longest = n_rows + len(unit), max(longest, unit_longest)
-            continue
-        if len(unit) * unit_longest > token_budget:
+    units = list(group_by_prompt(rows).values())
+    longest = [max(r.length for r in unit) for unit in units]
+    plans = token_budget_chunks(longest, token_budget, rows=[len(u) for u in units], longest_first=True)
+    for plan in plans:
+        first = plan[0]  # a prompt over the budget is alone in its micro-batch
+        if len(units[first]) * longest[first] > token_budget:
             log.warning("one prompt's %d samples need %d padded tokens, over the budget of %d: "
                         "it gets a micro-batch of its own (log Z needs all of them)",
-                        len(unit), len(unit) * unit_longest, token_budget)
-        plans.append([unit])
-        n_rows, longest = len(unit), unit_longest
-    return [_collate(p) for p in plans]
+                        len(units[first]), len(units[first]) * longest[first], token_budget)
+    return [_collate([units[i] for i in plan]) for plan in plans]
 
 
 def _collate(units: list[list[Row]]) -> MicroBatch:

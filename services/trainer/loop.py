@@ -21,6 +21,7 @@ import random
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.trainer.batching import rows_from_batch
 from services.trainer.checkpoints import (
@@ -43,6 +44,10 @@ from tba.ops import HealthServer
 from tba.schemas import SampledBatch, SampleRequest
 from tba.settings import SettingsError, TrainerSettings
 from tba.tracking import Tracker
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 PUBLISH_RETRY_SECONDS = 5.0  # sync mode: how often a failed checkpoint write is retried while waiting
@@ -70,6 +75,14 @@ class Trainer:
         self._started = time.monotonic()
         self._retry_at = 0.0  # sync mode: when a failed publish is tried again
         self._seconds_before = 0.0  # run time of the processes this run resumed from
+        # Made by setup() (load_policy() on every rank, the clients on rank 0 only); None until then.
+        self.device: torch.device | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self.learner: Learner | None = None
+        self.vocab_size: int | None = None  # token ids the policy takes, for validating batches
+        self.max_length: int | None = None  # positions the policy takes
+        self.client: BufferClient | None = None
+        self.announcer: Announcer | None = None
 
     def run_seconds(self) -> float:
         """Seconds this run has been going: this process's so far, plus those before the last restart."""
@@ -183,8 +196,7 @@ class Trainer:
         state = self.metrics.status()["state"]
         if state in ("starting", "done"):
             return False, f"trainer is {state}"
-        client = getattr(self, "client", None)
-        if client is not None and not client.reachable:
+        if self.client is not None and not self.client.reachable:
             return False, f"buffer {self.settings.buffer_url} not reachable yet"
         return True, f"trainer {state} at step {self.step}"
 
@@ -217,7 +229,7 @@ class Trainer:
             clean = False
             raise
         finally:
-            self.finish(publish=clean and hasattr(self, "learner"))
+            self.finish(publish=clean and self.learner is not None)
         return code
 
     def follow(self) -> int:
@@ -353,14 +365,14 @@ class Trainer:
         try:
             if publish and self.step > self.published:
                 self.publish(final=True)
-            if hasattr(self, "announcer"):
+            if self.announcer is not None:
                 self.announcer.flush()
         finally:
             self.metrics.set_state("done")
             if publish:  # a clean stop: the other ranks wait for the next command. After a failure, torchrun
                 self.ranks.broadcast(("stop",))  # stops them (they may be inside a collective of the failed step)
             self.ranks.stop(clean=publish)
-            if hasattr(self, "client"):
+            if self.client is not None:
                 self.client.close()
             if self.health is not None:
                 self.health.stop()

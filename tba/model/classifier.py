@@ -98,11 +98,10 @@ def _network(vocab: int) -> Any:
 
 def _encode(tok: Any, texts: list[str]) -> Any:
     """Padded token ids (no special tokens; at least one position, so an empty text scores too)."""
-    import torch
+    from tba.model.batches import pad
 
     ids = [tok.encode(t[:48], add_special_tokens=False) or [tok.unk_token_id] for t in texts]
-    width = max(len(i) for i in ids)
-    return torch.tensor([i + [tok.pad_token_id] * (width - len(i)) for i in ids])
+    return pad(ids, tok.pad_token_id)[0]
 
 
 def train_classifier(pattern: str, out: Path, log=print, seed: int = 0) -> float:

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from tba.model.batches import pad
+
 
 def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     """Every token that ends a completion: the tokenizer's EOS and the generation config's (vLLM stops on both)."""
@@ -29,17 +31,6 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 def _as_set(eos_id: int | Collection[int]) -> set[int]:
     return {eos_id} if isinstance(eos_id, int) else set(eos_id)
-
-
-def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    L = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), L), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        if p:
-            input_ids[i, L - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            attention_mask[i, L - len(p):] = 1
-    return input_ids, attention_mask
 
 
 def _next_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -63,7 +54,7 @@ def _generate_batch(
     device = next(model.parameters()).device
     eos = _as_set(eos_id)
     eos_t = torch.tensor(sorted(eos), dtype=torch.long, device=device)
-    input_ids, attention_mask = _left_pad(prompts, pad_id)
+    input_ids, attention_mask = pad(prompts, pad_id, left=True)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L): real tokens count from 0
     B = input_ids.shape[0]

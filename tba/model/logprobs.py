@@ -13,22 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-def pad_batch(
-    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and completion mask, each (N, L)."""
-    seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
-    L = max(len(s) for s in seqs)
-    N = len(seqs)
-    input_ids = torch.full((N, L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((N, L), dtype=torch.long)
-    completion_mask = torch.zeros((N, L), dtype=torch.bool)
-    for i, (p, s) in enumerate(zip(prompts, seqs, strict=True)):
-        input_ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        attention_mask[i, : len(s)] = 1
-        completion_mask[i, len(p) : len(s)] = True
-    return input_ids, attention_mask, completion_mask
+from tba.model.batches import pad, pad_batch, token_budget_chunks
 
 
 def token_logprobs(
@@ -114,17 +99,14 @@ def tree_batch(
     In the mask a prompt token sees the prompt causally, a node the prompt, its ancestors and itself;
     padding sees itself (no empty softmax row). Boolean (True: attend), or additive in dtype ``additive``
     (0 or the dtype's minimum) for attention implementations that add the mask to the scores."""
-    L = max(len(t.tokens) for t in trees)
-    R = len(trees)
-    input_ids = torch.full((R, L), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((R, L), dtype=torch.long)
+    input_ids, _ = pad([t.tokens for t in trees], pad_id)
+    position_ids, _ = pad([t.positions for t in trees], 0)
+    R, L = input_ids.shape
     allowed = torch.eye(L, dtype=torch.bool).repeat(R, 1, 1)
     causal = torch.tril(torch.ones((L, L), dtype=torch.bool))
     rows, nodes, parents, depths = [], [], [], []
     for r, tree in enumerate(trees):
         n, lp = len(tree.tokens), tree.prompt_len
-        input_ids[r, :n] = torch.tensor(tree.tokens)
-        position_ids[r, :n] = torch.tensor(tree.positions)
         allowed[r, :lp, :lp] = causal[:lp, :lp]
         rows += [r] * (n - lp)
         nodes += range(lp, n)
@@ -209,20 +191,3 @@ def shared_prefix_logprobs_chunked(
         for chunk in token_budget_chunks([len(t.tokens) for t in trees], token_budget):
             out += tree_logprob_sums(model, [trees[r] for r in chunk], len(prompts), temperature, pad_id).cpu()
     return out.tolist()
-
-
-def token_budget_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Indices grouped so each chunk's padded size (rows x longest) stays within ``budget`` tokens.
-
-    Indices are taken in order of length, so rows of a chunk pad to similar lengths."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * lengths[i] > budget:
-            chunks.append(current)
-            current = []
-        current.append(i)
-    if current:
-        chunks.append(current)
-    return chunks

@@ -88,18 +88,10 @@ def _example(tokenizer: Any, task: Any, prompt: Any) -> tuple[list[int], list[in
 
 def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
     """Right-padded input ids, attention mask and labels (-100 outside completion + EOS), each (B, L)."""
-    import torch
+    from tba.model.batches import pad_batch
 
-    L = max(len(p) + len(c) for p, c in examples)
-    input_ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), L), dtype=torch.long)
-    labels = torch.full((len(examples), L), -100, dtype=torch.long)
-    for i, (p, c) in enumerate(examples):
-        n = len(p) + len(c)
-        input_ids[i, :n] = torch.tensor(p + c)
-        attention_mask[i, :n] = 1
-        labels[i, len(p):n] = torch.tensor(c)
-    return input_ids, attention_mask, labels
+    input_ids, attention_mask, completion = pad_batch([p for p, _ in examples], [c for _, c in examples], pad_id)
+    return input_ids, attention_mask, input_ids.masked_fill(~completion, -100)
 
 
 def _loss(model: Any, input_ids: Any, attention_mask: Any, labels: Any) -> Any:

@@ -15,10 +15,11 @@ from redis.cluster import RedisCluster as SyncCluster
 
 from services.buffer.ingest import Ingestor
 from services.buffer.sampler import Sampler
-from services.buffer.store import BufferStore, connect
+from services.buffer.store import BufferStore
 from tba.codec import encode
 from tba.keys import STREAM_FIELD, Keys
 from tba.ops import free_port
+from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
 from tests.unit.buffer_factories import check_consistency, make_group
@@ -40,7 +41,7 @@ async def test_ingest_http_capacities_and_sampling_on_a_cluster(cluster) -> None
     sync = cluster.client()
     s = BufferSettings(redis_url=cluster.url, redis_cluster=True, consumer_name="c1", ingest_block_ms=10,
                        per_prompt_capacity=4, global_capacity=100)
-    client = connect(s.redis_url, cluster=True)
+    client = async_client(s.redis_url, cluster=True)
     try:
         store = BufferStore(client, s)
         ing = Ingestor(client, store, s)

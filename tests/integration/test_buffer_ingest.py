@@ -11,9 +11,10 @@ import pytest
 
 from services.buffer.ingest import MAX_STORE_FAILURES, Ingestor
 from services.buffer.sampler import Sampler
-from services.buffer.store import BufferStore, connect
+from services.buffer.store import BufferStore
 from tba.codec import encode, pack
 from tba.keys import STREAM_FIELD, Keys
+from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
 from tests.unit.buffer_factories import check_consistency, make_group
@@ -28,7 +29,7 @@ async def make_ingestor(redis_server):
     clients = []
 
     async def make(**overrides) -> Ingestor:
-        client = connect(redis_server.url)
+        client = async_client(redis_server.url)
         clients.append(client)
         s = BufferSettings(**{"redis_url": redis_server.url, "consumer_name": "c1", "ingest_block_ms": 10,
                               **overrides})

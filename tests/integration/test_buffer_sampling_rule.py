@@ -15,7 +15,8 @@ import pytest
 from scipy.stats import chisquare
 
 from services.buffer.sampler import Sampler, softmax
-from services.buffer.store import BufferStore, connect
+from services.buffer.store import BufferStore
+from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
 from tests.unit.buffer_factories import make_group
@@ -27,7 +28,7 @@ ACCEPT = 1e-3
 
 @pytest.fixture
 async def sampler(redis_server):
-    client = connect(redis_server.url)
+    client = async_client(redis_server.url)
     yield Sampler(BufferStore(client, BufferSettings(redis_url=redis_server.url)))
     await client.aclose()
 

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from services.buffer.sampler import NotEnoughPrompts, Sampler
 from services.buffer.scripts import VERSION_SHIFT
-from services.buffer.store import BufferStore, connect, sample_id
+from services.buffer.store import BufferStore, sample_id
 from tba.codec import pack
 from tba.keys import Keys
+from tba.redis_client import async_client
 from tba.schemas import SampledBatch, SampleRequest
 from tba.settings import BufferSettings
 from tests.unit.buffer_factories import check_consistency, make_group
@@ -28,7 +29,7 @@ async def make_store(redis_server):
     clients = []
 
     async def make(**overrides) -> BufferStore:
-        client = connect(redis_server.url)
+        client = async_client(redis_server.url)
         clients.append(client)
         return BufferStore(client, BufferSettings(redis_url=redis_server.url, **overrides))
 
@@ -191,7 +192,7 @@ def test_any_write_sequence_matches_the_model_and_keeps_counters_exact(redis_ser
     model = ModelBuffer(pcap, gcap)
 
     async def run() -> None:
-        client = connect(redis_server.url)
+        client = async_client(redis_server.url)
         store = BufferStore(client, BufferSettings(redis_url=redis_server.url, per_prompt_capacity=pcap,
                                                    global_capacity=gcap))
         previous = None

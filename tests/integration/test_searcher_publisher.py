@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.searcher.publisher import Publisher, make_redis
+from services.searcher.publisher import Publisher
 from services.searcher.spill import SpillQueue
 from tba.codec import decode
 from tba.keys import STREAM_FIELD, Keys
+from tba.redis_client import sync_client
 from tba.schemas import ScoredGroup, ScoredSample
 
 KEYS = Keys("t")
@@ -38,7 +39,7 @@ class Clock:
 
 def publisher(redis_server, spill_dir: Path, clock=None) -> Publisher:
     kwargs = {"clock": clock} if clock else {}
-    return Publisher(make_redis(redis_server.url, 0.5), KEYS, SpillQueue(spill_dir, 1 << 20),
+    return Publisher(sync_client(redis_server.url, timeout=0.5, retry=False), KEYS, SpillQueue(spill_dir, 1 << 20),
                      max_payload_bytes=1 << 20, **kwargs)
 
 

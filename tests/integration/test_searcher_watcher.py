@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from services.searcher.publisher import make_redis
 from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore, announce
 from tba.keys import Keys
+from tba.redis_client import sync_client
 
 KEYS = Keys("t")
 
@@ -38,7 +38,8 @@ def store(tmp_path: Path) -> CheckpointStore:
 
 
 def watcher(redis_server, store: CheckpointStore, poll: float = 60.0, version: int = 0) -> CheckpointWatcher:
-    return CheckpointWatcher(lambda: make_redis(redis_server.url, 0.5), KEYS, store, poll, current_version=version)
+    return CheckpointWatcher(lambda: sync_client(redis_server.url, timeout=0.5, retry=False), KEYS, store, poll,
+                             current_version=version)
 
 
 def test_announcement_wakes_the_watcher(redis_server, store) -> None:

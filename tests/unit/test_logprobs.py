@@ -14,7 +14,6 @@ from tba.model.logprobs import (
     sequence_logprobs,
     shared_prefix_logprobs,
     shared_prefix_logprobs_chunked,
-    token_budget_chunks,
     tree_batch,
 )
 from tba.model.tiny import TinyModelSpec, init_model
@@ -110,21 +109,6 @@ def test_long_prompts_and_completions(model) -> None:
         expected = sequence_logprobs(model, prompts, completions, T, pad_id=0)
         got = shared_prefix_logprobs(model, prompts, completions, T, pad_id=0)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-5)
-
-
-@given(st.lists(st.integers(1, 300), min_size=0, max_size=200), st.integers(64, 4096))
-def test_chunks_cover_every_row_once_within_budget(lengths: list[int], budget: int) -> None:
-    chunks = token_budget_chunks(lengths, budget)
-    flat = [i for c in chunks for i in c]
-    assert sorted(flat) == list(range(len(lengths)))
-    for c in chunks:
-        padded = len(c) * max(lengths[i] for i in c)
-        assert padded <= budget or len(c) == 1  # a single over-long row still gets its own pass
-
-
-def test_chunks_group_similar_lengths() -> None:
-    chunks = token_budget_chunks([100, 5, 100, 5], budget=200)
-    assert sorted(map(sorted, chunks)) == [[0, 2], [1, 3]]
 
 
 def test_a_model_whose_attention_ignores_custom_masks_is_refused(tmp_path: Path) -> None:
