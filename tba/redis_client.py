@@ -37,7 +37,7 @@ class DroppedConnectionRetry(AsyncRetry):
     a wrong password stays wrong, and retrying it only makes every request, and the readiness probe, hang
     for seconds before saying so."""
 
-    async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # type: ignore[no-untyped-def]
+    async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
         def retryable(err: Exception) -> bool:
             return not isinstance(err, AuthenticationError) and (is_retryable is None or is_retryable(err))
 

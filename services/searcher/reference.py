@@ -35,7 +35,7 @@ class Reference:
         self.settings = settings
         self.pad_id = pad_id
         self.model = AutoModelForCausalLM.from_pretrained(str(settings.model), dtype=getattr(torch, settings.dtype))
-        self.model.to(settings.ref_device).eval()
+        self.model.to(settings.ref_device).eval()  # type: ignore[arg-type]  # transformers types .to as an unbound wrapper
         self.vocab_size = int(self.model.config.vocab_size)
         if not takes_tree_mask(self.model):
             raise ValueError(f"{settings.model}: the reference pass needs attention that takes a 4D mask "

@@ -14,6 +14,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -61,6 +62,9 @@ class Learner:
         self.token_budget = token_budget
         self.grad_clip = grad_clip
         self.device = next(model.parameters()).device
+        config: Any = model.config  # a transformers model's (FSDP and peft keep it)
+        self.vocab_size = int(config.vocab_size)  # token ids the policy takes, for validating batches
+        self.max_length = int(getattr(config, "max_position_embeddings", 1 << 30))  # positions it takes
         self.compute_dtype = compute_dtype
         self.ranks = ranks  # under torchrun: this rank computes its share of each batch (distributed.py)
         # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.

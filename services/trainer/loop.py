@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from services.trainer.batching import rows_from_batch
 from services.trainer.checkpoints import (
@@ -46,10 +46,10 @@ from tba.settings import SettingsError, TrainerSettings
 from tba.tracking import Tracker
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 PUBLISH_RETRY_SECONDS = 5.0  # sync mode: how often a failed checkpoint write is retried while waiting
 
 
@@ -75,14 +75,29 @@ class Trainer:
         self._started = time.monotonic()
         self._retry_at = 0.0  # sync mode: when a failed publish is tried again
         self._seconds_before = 0.0  # run time of the processes this run resumed from
-        # Made by setup() (load_policy() on every rank, the clients on rank 0 only); None until then.
-        self.device: torch.device | None = None
-        self.tokenizer: PreTrainedTokenizerBase | None = None
-        self.learner: Learner | None = None
-        self.vocab_size: int | None = None  # token ids the policy takes, for validating batches
-        self.max_length: int | None = None  # positions the policy takes
-        self.client: BufferClient | None = None
-        self.announcer: Announcer | None = None
+        # Made by setup() (load_policy() on every rank, the clients on rank 0 only); None until then. The
+        # properties below hand them out, so a use before setup() fails with that reason.
+        self.device = "cpu"
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._learner: Learner | None = None
+        self._client: BufferClient | None = None
+        self._announcer: Announcer | None = None
+
+    @property
+    def learner(self) -> Learner:
+        return _set_up(self._learner, "learner")
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return _set_up(self._tokenizer, "tokenizer")
+
+    @property
+    def client(self) -> BufferClient:
+        return _set_up(self._client, "buffer client")
+
+    @property
+    def announcer(self) -> Announcer:
+        return _set_up(self._announcer, "checkpoint announcer")
 
     def run_seconds(self) -> float:
         """Seconds this run has been going: this process's so far, plus those before the last restart."""
@@ -118,10 +133,10 @@ class Trainer:
         self.reference = model_identity(Path(s.model))  # the reference is the base model, in every run
         log.info("objective: temperature %g, reference model %s (%s)", s.temperature, self.reference, s.model)
         token = s.auth_token.get_secret_value() if s.auth_token else None
-        self.client = BufferClient(s.buffer_url, auth_token=token, timeout=s.request_timeout,
+        self._client = BufferClient(s.buffer_url, auth_token=token, timeout=s.request_timeout,
                                    max_bytes=max(s.max_payload_bytes, 64 << 20), stop=self.stop)
         redis_client = sync_client(s.redis_url, s.redis_cluster, timeout=5)
-        self.announcer = Announcer(redis_client, Keys(s.namespace))
+        self._announcer = Announcer(redis_client, Keys(s.namespace))
         self.metrics.set_version(self.published)
         if resume:
             self.announcer.announce(resume.manifest)  # it may never have been announced before the crash
@@ -138,7 +153,7 @@ class Trainer:
             raise SettingsError(f"TBA_MODEL / --model: {s.model} holds no Hugging Face model (no config.json); "
                                 f"make one with `tba model init --out {s.model}`")
         # A LoRA checkpoint holds the adapters only: the tokenizer is the base's.
-        self.tokenizer = load_tokenizer(resume.directory if resume and not s.lora_rank else s.model)
+        self._tokenizer = tokenizer = load_tokenizer(resume.directory if resume and not s.lora_rank else s.model)
         if resume is None:  # before the model: new adapters are initialised from the RNG
             torch.manual_seed(s.seed)
             random.seed(s.seed)
@@ -156,12 +171,10 @@ class Trainer:
             log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
         else:
             log.info("starting from the base model %s (version 0)", s.model)
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.learner = Learner(model, optimizer, scheduler, make_loss(s.loss), temperature=s.temperature,
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._learner = Learner(model, optimizer, scheduler, make_loss(s.loss), temperature=s.temperature,
                                pad_id=pad_id, token_budget=s.token_budget, grad_clip=s.grad_clip,
                                compute_dtype=s.dtype, prefix_sharing=s.prefix_sharing, ranks=self.ranks)
-        self.vocab_size = int(model.config.vocab_size)
-        self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         return resume
 
     def load_model(self, checkpoint: Path | None):
@@ -196,7 +209,7 @@ class Trainer:
         state = self.metrics.status()["state"]
         if state in ("starting", "done"):
             return False, f"trainer is {state}"
-        if self.client is not None and not self.client.reachable:
+        if self._client is not None and not self._client.reachable:
             return False, f"buffer {self.settings.buffer_url} not reachable yet"
         return True, f"trainer {state} at step {self.step}"
 
@@ -229,7 +242,7 @@ class Trainer:
             clean = False
             raise
         finally:
-            self.finish(publish=clean and self.learner is not None)
+            self.finish(publish=clean and self._learner is not None)
         return code
 
     def follow(self) -> int:
@@ -308,7 +321,7 @@ class Trainer:
 
     def train_on(self, batch: SampledBatch, wait_s: float) -> bool:
         """One optimizer step on the batch's valid groups; False (no step) when none is valid."""
-        rows, problems = rows_from_batch(batch, self.vocab_size, self.max_length)
+        rows, problems = rows_from_batch(batch, self.learner.vocab_size, self.learner.max_length)
         for problem in problems:
             log.warning("dropped from the batch: %s", problem)
         self.metrics.dropped_groups.inc(len(problems))
@@ -365,15 +378,15 @@ class Trainer:
         try:
             if publish and self.step > self.published:
                 self.publish(final=True)
-            if self.announcer is not None:
-                self.announcer.flush()
+            if self._announcer is not None:
+                self._announcer.flush()
         finally:
             self.metrics.set_state("done")
             if publish:  # a clean stop: the other ranks wait for the next command. After a failure, torchrun
                 self.ranks.broadcast(("stop",))  # stops them (they may be inside a collective of the failed step)
             self.ranks.stop(clean=publish)
-            if self.client is not None:
-                self.client.close()
+            if self._client is not None:
+                self._client.close()
             if self.health is not None:
                 self.health.stop()
             if self.metrics.tracker is not None:
@@ -382,3 +395,9 @@ class Trainer:
 
 def run_trainer(settings: TrainerSettings, stop: threading.Event | None = None) -> int:
     return Trainer(settings, stop).run()
+
+
+def _set_up(thing: T | None, name: str) -> T:
+    if thing is None:
+        raise RuntimeError(f"the trainer's {name} is made by setup(), which has not run")
+    return thing

@@ -104,7 +104,10 @@ def tree_batch(
     R, L = input_ids.shape
     allowed = torch.eye(L, dtype=torch.bool).repeat(R, 1, 1)
     causal = torch.tril(torch.ones((L, L), dtype=torch.bool))
-    rows, nodes, parents, depths = [], [], [], []
+    rows: list[int] = []
+    nodes: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
     for r, tree in enumerate(trees):
         n, lp = len(tree.tokens), tree.prompt_len
         allowed[r, :lp, :lp] = causal[:lp, :lp]
@@ -115,9 +118,9 @@ def tree_batch(
     rows_t, nodes_t, parents_t, depths_t = (torch.tensor(x, dtype=torch.long) for x in (rows, nodes, parents, depths))
     for depth in range(max(depths, default=-1) + 1):  # parents before children: one step per depth, all rows
         level = depths_t == depth
-        r, j = rows_t[level], nodes_t[level]
-        allowed[r, j] = allowed[r, parents_t[level]]
-        allowed[r, j, j] = True
+        row, node = rows_t[level], nodes_t[level]
+        allowed[row, node] = allowed[row, parents_t[level]]
+        allowed[row, node, node] = True
     mask = allowed[:, None]
     if additive is not None:
         mask = torch.zeros(mask.shape, dtype=additive).masked_fill_(~mask, torch.finfo(additive).min)
@@ -141,8 +144,11 @@ def tree_logprob_sums(
     additive = None if getattr(model.config, "_attn_implementation", None) == "sdpa" else next(model.parameters()).dtype
     input_ids, position_ids, mask = (x.to(device) for x in tree_batch(trees, pad_id, additive))
     logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
-    rows, parents, targets = [], [], []  # one entry per trie node, over all trees
-    owners, nodes = [], []  # completion i sums the nodes on its path
+    rows: list[int] = []  # one entry per trie node, over all trees: its row, its parent, its token
+    parents: list[int] = []
+    targets: list[int] = []
+    owners: list[int] = []  # completion i sums the nodes on its path
+    nodes: list[int] = []
     for r, tree in enumerate(trees):
         start = len(targets) - tree.prompt_len  # node j of this tree is entry start + j
         rows += [r] * (len(tree.tokens) - tree.prompt_len)

@@ -170,7 +170,7 @@ def test_async_run_waits_survives_buffer_outages_and_stops_at_max_steps(
     thread, codes = run_in_thread(trainer)
     health = wait_for(lambda: trainer.health, 60, "the health server")
     base = f"http://127.0.0.1:{health.port}"
-    wait_for(lambda: trainer.client is not None and trainer.client.failures >= 2, 60,
+    wait_for(lambda: trainer._client is not None and trainer._client.failures >= 2, 60,
              "retries while the buffer is down")
     assert httpx.get(f"{base}/status").json()["state"] == "warmup"
     ready = httpx.get(f"{base}/readyz")
