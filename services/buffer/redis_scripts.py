@@ -10,7 +10,8 @@ slot** only, so the same scripts run on a single Redis and on Redis Cluster:
 
 Each file is a whole script but for what every script shares, ``prelude.lua``: :func:`compose` puts
 it after the script's ``#!lua`` line (which must stay first: it carries the script's flags), after
-the one constant the scripts share with Python, :data:`VERSION_SHIFT`. A script file that is missing
+the one constant the scripts share with Python, :data:`VERSION_SHIFT`; the line numbers in a Redis
+script error are therefore those of ``compose(name)``, not of the file. A script file that is missing
 (a package built without its data files) fails the import, so the service does not start.
 
 The keys the scripts maintain, and what each holds, are listed in docs/architecture.md §3;
