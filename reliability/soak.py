@@ -225,7 +225,7 @@ class Probe:
 @dataclass
 class DedupFigures:
     """The records that let the buffer refuse a resent group: per group, its id in its prompt's record
-    (``P groups``, with the prompt's delta in ``P deltas``) and in the global one (``G groups``, ``G gtok``)."""
+    (``P groups``, with the prompt's delta in ``P deltas``) and in the global one (``G groups``, ``G group_tokens``)."""
 
     global_records: int  # = /v1/stats dedup_records
     global_bytes: int
@@ -286,7 +286,7 @@ def dedup_figures(client: redis.Redis, prompts: int) -> DedupFigures:
     pipe = client.pipeline(transaction=False)
     prompt_sets = [KEYS.prompt_key(f"q{i}", "groups") for i in range(prompts)]
     prompt_keys = prompt_sets + [KEYS.prompt_key(f"q{i}", "deltas") for i in range(prompts)]
-    global_keys = [KEYS.global_key("groups"), KEYS.global_key("gtok")]
+    global_keys = [KEYS.global_key("groups"), KEYS.global_key("group_tokens")]
     for name in prompt_keys + global_keys:
         pipe.memory_usage(name, samples=0)
     for name in prompt_sets + global_keys[:1]:  # the sorted sets: one member per record

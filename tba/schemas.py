@@ -121,7 +121,7 @@ class ScoredSample(_Strict):
 
 
 # The largest policy version on the wire: the buffer keeps (version, arrival) in one sorted-set score that a
-# double must hold exactly (services/buffer/scripts.py), which leaves versions below 2**21 (two million steps).
+# double must hold exactly (services/buffer/redis_scripts.py), which leaves versions below 2**21 (two million steps).
 MAX_VERSION = 2**21 - 1
 # A batch is at most 512 x 128 = 65,536 samples: an answer the buffer builds in memory and sends whole.
 MAX_PROMPTS_PER_BATCH, MAX_SAMPLES_PER_PROMPT = 512, 128

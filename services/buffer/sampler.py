@@ -18,10 +18,11 @@ replacement, from the samples *as generated*: a completion generated c times at 
 counts c times (the store keeps each distinct completion once, with its copies). When K equals
 the searchers' samples per prompt, a prompt's group is exactly what the policy generated.
 
-Cost of a call: prompts are drawn by rank from sorted sets (O(log N) each, in one
-Lua script), each chosen prompt's index is read whole (at most the per-prompt
-capacity), then K records per prompt: O(P log N + P · capacity + P · K),
-whatever the number of stored samples.
+A call reads Redis three times (:class:`Sampler`): ``pick_prompts.lua`` draws the prompts by rank
+from sorted sets (O(log N) each) and computes the version cut-offs of both branches; ``read_prompt.lua``
+reads each chosen prompt whole (at most the per-prompt capacity), pipelined; then one pipelined
+``HMGET`` per prompt fetches the K chosen records, which :func:`services.buffer.records.served_group`
+turns into the served groups. O(P log N + P · capacity + P · K), whatever the number of stored samples.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from services.buffer.store import BufferStore, PromptView, decode_record
-from tba.schemas import SCHEMA_VERSION, SampleRequest
+from services.buffer.records import PromptView, prompt_view, served_group
+from services.buffer.store import BufferStore
+from tba.schemas import SampledBatch, SampleRequest
 
 RECENCY, REWARD, ON_POLICY = "recency", "reward", "on_policy"
 
@@ -48,7 +49,8 @@ class BufferChanging(Exception):
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Which samples each branch may use: version >= low (and == exact when set)."""
+    """Which samples each branch may use: version >= its cut-off, or == ``exact`` (``only_version``) when set.
+    The cut-offs come from ``pick_prompts.lua``, which computes them from the newest version it sees stored."""
 
     recency_low: float
     reward_low: float
@@ -61,10 +63,13 @@ class Thresholds:
         return [i for i, v in enumerate(versions) if v >= low]
 
 
-def thresholds(req: SampleRequest, newest: int) -> Thresholds:
-    reward_low = -math.inf if req.max_staleness is None else req.trainer_version - req.max_staleness
-    return Thresholds(recency_low=max(newest - req.recent_versions + 1, reward_low), reward_low=reward_low,
-                      exact=req.only_version)
+@dataclass(frozen=True)
+class Picked:
+    """The prompts drawn for a batch, the recency picks first, and the cut-offs their samples are held to."""
+
+    recency_taken: int
+    thresholds: Thresholds
+    views: list[PromptView]
 
 
 def draw_branches(rng: random.Random, num_prompts: int, m: float) -> list[str]:
@@ -110,14 +115,14 @@ def choose_as_generated(rng: random.Random, candidates: Sequence[int], copies: S
 
 
 class Sampler:
-    """Serves ``POST /v1/sample`` from the store."""
+    """Serves ``POST /v1/sample`` from the store: draws by the rule above, reads Redis as the module says."""
 
     def __init__(self, store: BufferStore, attempts: int = 5) -> None:
         self.store = store
         self.attempts = attempts
 
-    async def sample(self, req: SampleRequest) -> dict[str, Any]:
-        """A SampledBatch as a plain dict (ready to encode); raises NotEnoughPrompts / BufferChanging."""
+    async def sample(self, req: SampleRequest) -> SampledBatch:
+        """A batch by the rule; raises NotEnoughPrompts / BufferChanging."""
         rng = random.Random(req.seed)
         for _ in range(self.attempts):
             batch = await self._attempt(req, rng)
@@ -125,22 +130,17 @@ class Sampler:
                 return batch
         raise BufferChanging("the buffer changed under every attempt to draw this batch; retry")
 
-    async def _attempt(self, req: SampleRequest, rng: random.Random) -> dict[str, Any] | None:
+    async def _attempt(self, req: SampleRequest, rng: random.Random) -> SampledBatch | None:
         branches = draw_branches(rng, req.num_prompts, req.recency_prob)
-        picked = await self.store.pick_prompts(
-            trainer_version=req.trainer_version, recent_versions=req.recent_versions,
-            max_staleness=req.max_staleness, only_version=req.only_version, num_prompts=req.num_prompts,
-            recency_slots=branches.count(RECENCY), uniforms=[rng.random() for _ in range(2 * req.num_prompts)])
-        if isinstance(picked, int):
-            raise NotEnoughPrompts(f"the buffer holds {picked} eligible prompts, fewer than "
-                                   f"num_prompts={req.num_prompts}{_eligibility_note(req)}")
+        picked = await self._pick(req, recency_slots=branches.count(RECENCY),
+                                  uniforms=[rng.random() for _ in range(2 * req.num_prompts)])
         # Recency slots beyond the recent prompts available fall back to the reward branch.
         plan = [RECENCY] * picked.recency_taken + [REWARD] * (req.num_prompts - picked.recency_taken)
-        th = thresholds(req, picked.newest)
+        th = picked.thresholds
         chosen: list[tuple[PromptView, str, list[int]]] = []
         for view, branch in zip(picked.views, plan, strict=True):
             cand = th.eligible(view.versions, branch)
-            if not cand:  # cannot happen with a consistent index; never answer with an empty group
+            if not cand:  # the prompt changed between the pick and its read; never answer with an empty group
                 return None
             if th.exact is not None:
                 branch = ON_POLICY
@@ -148,31 +148,54 @@ class Sampler:
             else:
                 idx = choose_samples(rng, cand, view.rewards, req.samples_per_prompt, branch, req.reward_inv_temp)
             chosen.append((view, branch, idx))
-        records = await self.store.records([(v.prompt_id, [v.sample_ids[i] for i in idx]) for v, _, idx in chosen],
-                                           served=req.num_prompts * req.samples_per_prompt)
+        records = await self._records([(v.prompt_id, [v.sample_ids[i] for i in idx]) for v, _, idx in chosen],
+                                      served=req.num_prompts * req.samples_per_prompt)
         groups = []
         for (view, branch, idx), recs in zip(chosen, records, strict=True):
             if any(r is None for r in recs):  # evicted between the pick and this read: draw again
                 return None
-            groups.append(_group(view, branch, idx, recs, req.trainer_version))
-        return {"schema_version": SCHEMA_VERSION, "trainer_version": req.trainer_version, "groups": groups}
+            groups.append(served_group(view, branch, idx, recs, req.trainer_version))
+        return SampledBatch(trainer_version=req.trainer_version, groups=groups)
+
+    async def _pick(self, req: SampleRequest, recency_slots: int, uniforms: list[float]) -> Picked:
+        """Draw the batch's prompts from the global indexes, then read each one atomically; raises
+        NotEnoughPrompts when fewer than ``num_prompts`` are eligible."""
+        store = self.store
+        args = [store.global_prefix, req.trainer_version, req.recent_versions,
+                "" if req.max_staleness is None else req.max_staleness,
+                "" if req.only_version is None else req.only_version,
+                req.num_prompts, recency_slots, *(repr(u) for u in uniforms)]
+        answer = await store.scripts.pick_prompts(keys=[store.keys.global_key("newest_version")], args=args)
+        eligible, reward_low, *rest = answer
+        if not rest:
+            raise NotEnoughPrompts(f"the buffer holds {eligible} eligible prompts, fewer than "
+                                   f"num_prompts={req.num_prompts}{_eligibility_note(req, float(reward_low))}")
+        recency_low, recency_taken, *prompts = rest
+        prompts = [p.decode() for p in prompts]
+        calls = [(store.prompt_script_keys(p), [store.keys.prompt_key(p, "")]) for p in prompts]
+        read = await store.scripts.many(store.scripts.read_prompt, calls)
+        for r in read:
+            if isinstance(r, Exception):
+                raise r
+        return Picked(recency_taken=int(recency_taken),
+                      thresholds=Thresholds(float(recency_low), float(reward_low), req.only_version),
+                      views=[prompt_view(p, r) for p, r in zip(prompts, read, strict=True)])
+
+    async def _records(self, wanted: list[tuple[str, list[bytes]]], served: int) -> list[list[bytes | None]]:
+        """The chosen samples' records (None where one was evicted meanwhile), and the served counters,
+        in one round trip."""
+        store = self.store
+        pipe = store.redis.pipeline(transaction=False)
+        for prompt_id, sample_ids in wanted:
+            pipe.hmget(store.keys.prompt_key(prompt_id, "records"), sample_ids)
+        pipe.hincrby(store.stats_key, "samples_served", served)
+        pipe.hincrby(store.stats_key, "sample_requests", 1)
+        return (await pipe.execute())[:-2]
 
 
-def _group(view: PromptView, branch: str, idx: list[int], recs: list[bytes], trainer_version: int) -> dict:
-    samples = []
-    for i, rec in zip(idx, recs, strict=True):
-        ids, lp, ref_lp, finish = decode_record(rec)
-        v = view.versions[i]
-        samples.append({"completion_ids": ids, "reward": view.rewards[i], "logprob_sum": lp,
-                        "ref_logprob_sum": ref_lp, "version": v, "staleness": trainer_version - v,
-                        "finish_reason": finish})
-    return {"prompt_id": view.prompt_id, "prompt_ids": view.prompt_ids, "prompt_text": view.prompt_text,
-            "task": view.task, "branch": branch, "samples": samples}
-
-
-def _eligibility_note(req: SampleRequest) -> str:
+def _eligibility_note(req: SampleRequest, reward_low: float) -> str:
     if req.only_version is not None:
         return f" holding samples of version {req.only_version}"
-    if req.max_staleness is not None:
-        return f" with samples no older than version {req.trainer_version - req.max_staleness}"
+    if reward_low > -math.inf:
+        return f" with samples no older than version {reward_low:.0f}"
     return ""

@@ -64,13 +64,13 @@ async def test_ingest_http_capacities_and_sampling_on_a_cluster(cluster) -> None
         assert sync.xpending(K.trajectories, K.ingest_group)["pending"] == 0
         summary = check_consistency(sync)
         assert summary["samples"] == 100
-        nodes = {sync.get_node_from_key(K.prompt_key(p, "ord")).name
-                 for p in (x.decode() for x in sync.zrange(K.global_key("pmax"), 0, -1))}
+        nodes = {sync.get_node_from_key(K.prompt_key(p, "order")).name
+                 for p in (x.decode() for x in sync.zrange(K.global_key("newest_version"), 0, -1))}
         assert len(nodes) == 3, "prompts should spread over every primary"
         batch = await Sampler(store).sample(SampleRequest(num_prompts=8, samples_per_prompt=3, recency_prob=0.5,
                                                           trainer_version=3, seed=7))
-        assert len(batch["groups"]) == 8 and all(len(g["samples"]) == 3 for g in batch["groups"])
-        assert len({g["prompt_id"] for g in batch["groups"]}) == 8
+        assert len(batch.groups) == 8 and all(len(g.samples) == 3 for g in batch.groups)
+        assert len({g.prompt_id for g in batch.groups}) == 8
     finally:
         await client.aclose()
 

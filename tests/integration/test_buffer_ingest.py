@@ -168,7 +168,7 @@ async def test_entries_failing_to_store_repeatedly_are_dead_lettered(make_ingest
     """A write the store keeps refusing (here: a key of the wrong type) must not loop forever."""
     sync = redis_server.client()
     ing = await make_ingestor()
-    sync.set(K.prompt_key("cursed", "ord"), "not a sorted set")
+    sync.set(K.prompt_key("cursed", "order"), "not a sorted set")
     xadd_groups(sync, [make_group("cursed"), make_group("fine")])
     for _ in range(MAX_STORE_FAILURES + 2):
         await ing.step(block_ms=10)
@@ -192,7 +192,7 @@ async def test_restarted_redis_with_aof_still_holds_the_buffer(make_ingestor, re
     assert after == before and after["samples"] == 36
     check_consistency(sync)
     batch = await Sampler(ing.store).sample(SampleRequest(num_prompts=4, samples_per_prompt=3, trainer_version=3))
-    assert len(batch["groups"]) == 4
+    assert len(batch.groups) == 4
     xadd_groups(sync, [make_group("after-restart", rewards=[1.0])])
     await drain(ing)
     assert (await ing.store.stats())["samples"] == 37
@@ -216,7 +216,8 @@ async def test_a_consumer_dying_between_the_prompt_and_global_steps_is_finished_
     held = await dying._read(">", 12, None)
     store = dying.store
     for group in groups[:7]:  # the prompt steps the dying consumer got through
-        await store._prompt(keys=store._meta(group.prompt_id), args=store._prompt_args(group, 1000, time.time()))
+        await store.scripts.prompt_step(keys=store.prompt_script_keys(group.prompt_id),
+                                        args=store._write_args(group, 1000, time.time()))
     assert len(held) == 12 and (await store.stats())["samples"] == 0  # nothing applied globally yet
     await asyncio.sleep(0.15)
     await drain(await make_ingestor(consumer_name="heir", claim_idle_ms=100))

@@ -37,7 +37,7 @@ async def draw(sampler: Sampler, calls: int, **kw) -> list[dict]:
     groups = []
     for seed in range(calls):
         batch = await sampler.sample(SampleRequest(seed=seed, **kw))
-        groups += batch["groups"]
+        groups += batch.model_dump()["groups"]
     return groups
 
 

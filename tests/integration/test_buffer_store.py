@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 
@@ -10,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.buffer.records import sample_id
+from services.buffer.redis_scripts import VERSION_SHIFT
 from services.buffer.sampler import NotEnoughPrompts, Sampler
-from services.buffer.scripts import VERSION_SHIFT
-from services.buffer.store import BufferStore, sample_id
-from tba.codec import pack
+from services.buffer.store import BufferStore, group_intent
 from tba.keys import Keys
 from tba.redis_client import async_client
-from tba.schemas import SampledBatch, SampleRequest
+from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
 from tests.unit.buffer_factories import check_consistency, make_group
 
@@ -49,8 +50,7 @@ async def test_round_trip_returns_stored_samples_exactly(make_store, redis_serve
     for g in groups:
         res = await store.write_group(g)
         assert (res.added, res.duplicates, res.evicted, res.resent) == (3, 0, 0, False)
-    batch = SampledBatch.model_validate(await Sampler(store).sample(
-        req(num_prompts=4, samples_per_prompt=3, trainer_version=5, recency_prob=0.5)))
+    batch = await Sampler(store).sample(req(num_prompts=4, samples_per_prompt=3, trainer_version=5, recency_prob=0.5))
     assert sorted(g.prompt_id for g in batch.groups) == ["p0", "p1", "p2", "p3"]
     by_id = {g.prompt_id: g for g in groups}
     for got in batch.groups:
@@ -94,7 +94,7 @@ async def test_duplicate_completion_keeps_the_newest_copy(make_store, redis_serv
     assert stats["samples"] == 1 and stats["versions"] == {3: 1} and stats["reward_mean"] == 1.0
     assert stats["samples_duplicate"] == 2
     batch = await Sampler(store).sample(req(samples_per_prompt=1, trainer_version=3))
-    assert batch["groups"][0]["samples"][0]["version"] == 3
+    assert batch.groups[0].samples[0].version == 3
     check_consistency(redis_server.client())
 
 
@@ -106,8 +106,8 @@ async def test_per_prompt_capacity_evicts_oldest_version_first(make_store, redis
     assert res.evicted == 3  # the second write already evicted one version-1 sample
     stats = await store.stats()
     assert stats["versions"] == {2: 2, 3: 3} and stats["samples_evicted"] == 4
-    rewards = sorted(s["reward"] for s in (await Sampler(store).sample(
-        req(samples_per_prompt=5, trainer_version=3)))["groups"][0]["samples"])
+    rewards = sorted(s.reward for s in (await Sampler(store).sample(
+        req(samples_per_prompt=5, trainer_version=3))).groups[0].samples)
     assert rewards == [2.1, 2.2, 3.0, 3.1, 3.2]  # within version 2, the earliest arrival went first
     check_consistency(redis_server.client())
 
@@ -159,10 +159,10 @@ def stored_state(sync) -> dict[str, dict[str, tuple[int, int, float]]]:
     from tba.keys import Keys
 
     k, out = Keys(), {}
-    for p in (x.decode() for x in sync.zrange(k.global_key("pmax"), 0, -1)):
-        rew = sync.hgetall(k.prompt_key(p, "rew"))
-        out[p] = {h.decode(): (int(sc) // VERSION_SHIFT, int(sc) % VERSION_SHIFT, float(rew[h]))
-                  for h, sc in sync.zrange(k.prompt_key(p, "ord"), 0, -1, withscores=True)}
+    for p in (x.decode() for x in sync.zrange(k.global_key("newest_version"), 0, -1)):
+        rewards = sync.hgetall(k.prompt_key(p, "rewards"))
+        out[p] = {h.decode(): (int(sc) // VERSION_SHIFT, int(sc) % VERSION_SHIFT, float(rewards[h]))
+                  for h, sc in sync.zrange(k.prompt_key(p, "order"), 0, -1, withscores=True)}
     return out
 
 
@@ -227,13 +227,29 @@ async def test_only_version_and_max_staleness_filter_samples(make_store) -> None
     sampler = Sampler(store)
     for seed in range(10):
         batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=4, only_version=1, seed=seed))
-        assert {s["version"] for g in batch["groups"] for s in g["samples"]} == {1}
+        assert {s.version for g in batch.groups for s in g.samples} == {1}
         batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=4, trainer_version=6, max_staleness=2,
                                          recency_prob=0.5, seed=seed))
-        assert {s["version"] for g in batch["groups"] for s in g["samples"]} == {4}
-        assert all(s["staleness"] == 2 for g in batch["groups"] for s in g["samples"])
+        assert {s.version for g in batch.groups for s in g.samples} == {4}
+        assert all(s.staleness == 2 for g in batch.groups for s in g.samples)
     with pytest.raises(NotEnoughPrompts, match="no older than version 5"):
         await sampler.sample(req(trainer_version=7, max_staleness=2))
+
+
+async def test_the_pick_computes_both_branches_cut_offs_from_the_newest_stored_version(make_store) -> None:
+    store = await make_store()
+    await store.write_group(make_group("new", version=9, rewards=[0.0]))
+    await store.write_group(make_group("old", version=6, rewards=[0.0]))
+    sampler = Sampler(store)
+
+    async def cut_offs(**kw) -> tuple[float, float]:
+        picked = await sampler._pick(req(**kw), recency_slots=0, uniforms=[0.5, 0.5])
+        return picked.thresholds.recency_low, picked.thresholds.reward_low
+
+    assert await cut_offs(trainer_version=10, recent_versions=2, max_staleness=3) == (8, 7)
+    assert await cut_offs(trainer_version=20, recent_versions=2, max_staleness=11) == (9, 9)  # staleness wins
+    assert await cut_offs(trainer_version=10, recent_versions=2) == (8, -math.inf)
+    assert await cut_offs(trainer_version=10, only_version=6) == (6, 6)
 
 
 async def test_duplicates_are_counted_per_version_for_the_on_policy_draw(make_store, redis_server) -> None:
@@ -247,11 +263,11 @@ async def test_duplicates_are_counted_per_version_for_the_on_policy_draw(make_st
 
     async def served(version: int, k: int) -> list[list[int]]:
         batch = await Sampler(store).sample(req(samples_per_prompt=k, only_version=version, seed=1))
-        assert {g["branch"] for g in batch["groups"]} == {"on_policy"}
-        return sorted(s["completion_ids"] for s in batch["groups"][0]["samples"])
+        assert {g.branch for g in batch.groups} == {"on_policy"}
+        return sorted(s.completion_ids for s in batch.groups[0].samples)
 
     sync = redis_server.client()
-    copies = Keys("tba").prompt_key("p", "cnt")
+    copies = Keys("tba").prompt_key("p", "copies")
     assert sync.hgetall(copies) == {sample_id(a).encode(): b"4"}
     assert await served(3, 6) == sorted([a] * 4 + [b, c])  # K = all generated: exactly the generated samples
     await store.write_group(make_group("p", version=4, rewards=[1.0], tokens=[a]))
@@ -272,14 +288,14 @@ async def test_recency_takes_the_newest_versions_and_falls_back_to_reward(make_s
     sampler = Sampler(store)
     for seed in range(20):
         batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=6, recency_prob=1.0, seed=seed))
-        branches = {g["prompt_id"]: g["branch"] for g in batch["groups"]}
+        branches = {g.prompt_id: g.branch for g in batch.groups}
         assert branches.pop("new") == "recency" and set(branches.values()) == {"reward"}  # only one recent prompt
-        new = next(g for g in batch["groups"] if g["prompt_id"] == "new")
-        assert {s["version"] for s in new["samples"]} == {5}  # newest samples only, with replacement (3 < 6)
+        new = next(g for g in batch.groups if g.prompt_id == "new")
+        assert {s.version for s in new.samples} == {5}  # newest samples only, with replacement (3 < 6)
         batch = await sampler.sample(req(num_prompts=2, samples_per_prompt=2, recency_prob=1.0, recent_versions=2,
                                          seed=seed))
-        assert sorted(g["prompt_id"] for g in batch["groups"]) == ["mid", "new"]
-        assert all(g["branch"] == "recency" for g in batch["groups"])
+        assert sorted(g.prompt_id for g in batch.groups) == ["mid", "new"]
+        assert all(g.branch == "recency" for g in batch.groups)
 
 
 async def test_seeded_draws_are_reproducible(make_store) -> None:
@@ -307,8 +323,8 @@ async def test_sampling_while_writers_evict_always_answers_whole_batches(make_st
     async def reader() -> int:
         batches = 0
         while not done.is_set():
-            batch = SampledBatch.model_validate(await sampler.sample(
-                req(num_prompts=4, samples_per_prompt=5, trainer_version=30, recency_prob=0.5, seed=None)))
+            batch = await sampler.sample(req(num_prompts=4, samples_per_prompt=5, trainer_version=30,
+                                             recency_prob=0.5, seed=None))
             assert len(batch.groups) == 4 and all(len(g.samples) == 5 for g in batch.groups)
             batches += 1
         return batches
@@ -326,15 +342,16 @@ async def test_http_writes_interrupted_between_steps_are_recovered(make_store, r
     sync = redis_server.client()
     done, lost = make_group("p", version=1, rewards=[1.0, 2.0]), make_group("q", version=1, rewards=[3.0])
     for group, reached_prompt in ((done, True), (lost, False)):
-        intent = pack({"kind": "g", "p": group.prompt_id, "id": group.group_id, "n": len(group.samples),
-                       "label": "s0|1", "at": time.time() - 60})
-        seq0 = await store._intent(keys=[store.g + "intents"], args=[store.g, uuid.uuid4().hex, intent, 2])
+        intent = group_intent(group, at=time.time() - 60)
+        first_arrival = await store.scripts.record_intent(keys=[store.intents_key],
+                                                          args=[store.global_prefix, uuid.uuid4().hex, intent, 2])
         if reached_prompt:
-            await store._prompt(keys=store._meta(group.prompt_id), args=store._prompt_args(group, seq0, time.time()))
+            await store.scripts.prompt_step(keys=store.prompt_script_keys(group.prompt_id),
+                                            args=store._write_args(group, first_arrival, time.time()))
     assert (await store.stats())["samples"] == 0
     assert await store.recover(stale_seconds=30) == 2
     stats = await store.stats()
-    assert stats["samples"] == 2 and stats["groups_stored"] == 1 and sync.hlen(store.g + "intents") == 0
+    assert stats["samples"] == 2 and stats["groups_stored"] == 1 and sync.hlen(store.intents_key) == 0
     check_consistency(sync)
     assert (await store.write_group(done)).resent  # the recovered write counts as stored
     again = await store.write_group(lost)  # the abandoned one is written now, once
@@ -351,7 +368,8 @@ async def test_an_interrupted_global_eviction_is_finished_by_recovery(make_store
         await store.write_group(make_group(name, version=version, rewards=[0.0] * 3))
     assert (await store.stats())["samples"] == 4
     store.settings.global_capacity = 2  # shrunk: the next check plans an eviction; its writer dies there
-    plan = await store._plan(keys=[store.g + "stats"], args=[store.g, 2, "tok", repr(time.time() - 60)])
+    plan = await store.scripts.plan_eviction(keys=[store.stats_key],
+                                             args=[store.global_prefix, 2, "tok", repr(time.time() - 60)])
     assert plan[0] == b"a" and int(plan[1]) == 2
     assert await store.enforce_capacity() == 0  # the excess is reserved by the pending intent: no double eviction
     assert await store.recover(stale_seconds=30) == 1  # a's last sample: the plan stops at b's oldest
@@ -359,5 +377,5 @@ async def test_an_interrupted_global_eviction_is_finished_by_recovery(make_store
     assert await store.enforce_capacity() == 1
     stats = await store.stats()
     assert stats["samples"] == 2 and stats["samples_evicted"] == 4 and stats["versions"] == {1: 2}
-    assert sync.hget(store.g + "stats", "evict_reserved") == b"0"
+    assert sync.hget(store.stats_key, "evict_reserved") == b"0"
     check_consistency(sync)

@@ -33,38 +33,38 @@ def make_group(prompt_id: str = "p0", version: int = 0, rewards: Sequence[float]
 
 def check_consistency(client, ns: str = "tba") -> dict:
     """Read every buffer key (a test may scan) and assert the indexes agree; return a summary."""
-    from services.buffer.scripts import VERSION_SHIFT
+    from services.buffer.redis_scripts import VERSION_SHIFT
     from tba.keys import Keys
 
     keys = Keys(ns)
     g = keys.global_key("")
-    pmax = {k.decode(): int(v) for k, v in client.zrange(g + "pmax", 0, -1, withscores=True)}
-    gold = {k.decode(): int(v) for k, v in client.zrange(g + "gold", 0, -1, withscores=True)}
-    assert set(pmax) == set(gold), "pmax and gold index different prompts"
-    vcount: dict[int, int] = {}
+    newest = {k.decode(): int(v) for k, v in client.zrange(g + "newest_version", 0, -1, withscores=True)}
+    oldest = {k.decode(): int(v) for k, v in client.zrange(g + "oldest_sample", 0, -1, withscores=True)}
+    assert set(newest) == set(oldest), "newest_version and oldest_sample index different prompts"
+    version_counts: dict[int, int] = {}
     total, reward_sum = 0, 0.0
-    for p in pmax:
-        ord_ = {h: int(s) for h, s in client.zrange(keys.prompt_key(p, "ord"), 0, -1, withscores=True)}
-        rew = client.hgetall(keys.prompt_key(p, "rew"))
-        rec = client.hgetall(keys.prompt_key(p, "rec"))
-        assert set(ord_) == set(rew) == set(rec), f"prompt {p}: ord/rew/rec disagree"
-        copies = {h: int(c) for h, c in client.hgetall(keys.prompt_key(p, "cnt")).items()}
-        assert set(copies) <= set(ord_) and all(c > 1 for c in copies.values()), f"prompt {p}: copies {copies}"
-        assert ord_, f"prompt {p} is indexed but empty"
-        versions = [s // VERSION_SHIFT for s in ord_.values()]
-        assert pmax[p] == max(versions), f"prompt {p}: pmax {pmax[p]} != {max(versions)}"
-        assert gold[p] == min(ord_.values()), f"prompt {p}: gold is not its oldest score"
-        pv = {int(k): int(v) for k, v in client.hgetall(keys.prompt_key(p, "pv")).items()}
+    for p in newest:
+        order = {h: int(s) for h, s in client.zrange(keys.prompt_key(p, "order"), 0, -1, withscores=True)}
+        rewards = client.hgetall(keys.prompt_key(p, "rewards"))
+        records = client.hgetall(keys.prompt_key(p, "records"))
+        assert set(order) == set(rewards) == set(records), f"prompt {p}: order/rewards/records disagree"
+        copies = {h: int(c) for h, c in client.hgetall(keys.prompt_key(p, "copies")).items()}
+        assert set(copies) <= set(order) and all(c > 1 for c in copies.values()), f"prompt {p}: copies {copies}"
+        assert order, f"prompt {p} is indexed but empty"
+        versions = [s // VERSION_SHIFT for s in order.values()]
+        assert newest[p] == max(versions), f"prompt {p}: newest_version {newest[p]} != {max(versions)}"
+        assert oldest[p] == min(order.values()), f"prompt {p}: oldest_sample is not its oldest score"
+        counted = {int(k): int(v) for k, v in client.hgetall(keys.prompt_key(p, "version_counts")).items()}
         expect = {v: versions.count(v) for v in set(versions)}
-        assert pv == expect, f"prompt {p}: per-version counts {pv} != {expect}"
+        assert counted == expect, f"prompt {p}: per-version counts {counted} != {expect}"
         for v in expect:
-            assert client.zscore(g + f"vp:{v}", p) is not None, f"prompt {p} missing from vp:{v}"
-            vcount[v] = vcount.get(v, 0) + expect[v]
+            assert client.zscore(g + f"version_prompts:{v}", p) is not None, f"prompt {p} missing from version {v}"
+            version_counts[v] = version_counts.get(v, 0) + expect[v]
         assert client.exists(keys.prompt_key(p, "meta")), f"prompt {p} lost its record"
-        total += len(ord_)
-        reward_sum += sum(float(x) for x in rew.values())
-    stored_vcount = {int(k): int(v) for k, v in client.hgetall(g + "vcount").items()}
-    assert stored_vcount == vcount
+        total += len(order)
+        reward_sum += sum(float(x) for x in rewards.values())
+    stored_counts = {int(k): int(v) for k, v in client.hgetall(g + "version_counts").items()}
+    assert stored_counts == version_counts
     stats = {k.decode(): v.decode() for k, v in client.hgetall(g + "stats").items()}
     assert int(stats.get("samples", 0)) == total
     assert abs(float(stats.get("reward_sum", 0)) - reward_sum) < 1e-6 * max(1.0, total)
@@ -72,4 +72,4 @@ def check_consistency(client, ns: str = "tba") -> dict:
                 ("samples_ingested", "samples_duplicate", "samples_evicted", "samples_dead_lettered")}
     assert counters["samples_ingested"] == (total + counters["samples_evicted"] + counters["samples_duplicate"]
                                             + counters["samples_dead_lettered"]), (counters, total)
-    return {"prompts": len(pmax), "samples": total, "versions": vcount, **counters}
+    return {"prompts": len(newest), "samples": total, "versions": version_counts, **counters}

@@ -1,4 +1,4 @@
-"""Pure parts of the buffer: the sampling rule's helpers, auth, rates, ids."""
+"""Pure parts of the buffer: the sampling rule's helpers, auth, rates, ids, records, the Lua scripts' files."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.buffer import redis_scripts
 from services.buffer.app import _safe_url
 from services.buffer.auth import BearerAuth
 from services.buffer.errors import ApiError
 from services.buffer.metrics import RateTracker
-from services.buffer.sampler import RECENCY, REWARD, choose_samples, draw_branches, softmax, thresholds
-from services.buffer.store import decode_record, encode_record, sample_id
-from tba.schemas import SampleRequest
+from services.buffer.records import PromptView, encode_record, sample_id, served_group
+from services.buffer.sampler import RECENCY, REWARD, Thresholds, choose_samples, draw_branches, softmax
+from tba.schemas import SampledSample
 from tests.unit.buffer_factories import make_sample
 
 
@@ -45,16 +46,12 @@ def test_zero_weight_candidates_are_drawn_last() -> None:
     assert got == [2]
 
 
-def test_thresholds_combine_recency_and_staleness() -> None:
-    req = SampleRequest(num_prompts=1, samples_per_prompt=1, trainer_version=10, recent_versions=2, max_staleness=3)
-    th = thresholds(req, newest=9)
-    assert (th.recency_low, th.reward_low) == (8, 7)
+def test_thresholds_hold_each_branch_to_its_cut_off() -> None:
+    """The cut-offs themselves come from pick_prompts.lua (test_buffer_store.py checks them)."""
+    th = Thresholds(recency_low=8, reward_low=7, exact=None)
     assert th.eligible([6, 7, 8, 9], RECENCY) == [2, 3] and th.eligible([6, 7, 8, 9], REWARD) == [1, 2, 3]
-    stale = thresholds(req.model_copy(update={"trainer_version": 20}), newest=9)
-    assert stale.recency_low == 17  # staleness wins over recency
-    exact = thresholds(req.model_copy(update={"only_version": 7}), newest=9)
-    assert exact.eligible([6, 7, 8, 7], RECENCY) == [1, 3]
-    assert thresholds(SampleRequest(num_prompts=1, samples_per_prompt=1, trainer_version=0), 4).reward_low == -math.inf
+    exact = Thresholds(recency_low=7, reward_low=7, exact=7)
+    assert exact.eligible([6, 7, 8, 7], RECENCY) == [1, 3] and exact.eligible([6, 7, 8, 7], REWARD) == [1, 3]
 
 
 def test_branches_follow_m_at_the_extremes() -> None:
@@ -81,10 +78,31 @@ def test_rate_tracker_measures_over_its_window() -> None:
     assert rt.update(300, 50, now=14.0)["ingest_samples_per_s"] == pytest.approx(200 / 12)
 
 
-def test_sample_ids_depend_on_tokens_only_and_records_round_trip() -> None:
+def test_sample_ids_depend_on_tokens_only_and_records_are_served_as_stored() -> None:
     a, b = make_sample([1, 2, 3], reward=1.0), make_sample([1, 2, 3], reward=2.0)
     assert sample_id(a.completion_ids) == sample_id(b.completion_ids) != sample_id([1, 2, 4])
-    assert decode_record(encode_record(a)) == ([1, 2, 3], a.logprob_sum, a.ref_logprob_sum, "stop")
+    view = PromptView("p", [5, 6], "text", "task", [b"id-a", b"id-b"], versions=[2, 3], rewards=[0.5, 1.0],
+                      copies=[1, 1])
+    group = served_group(view, "reward", [1], [encode_record(a)], trainer_version=5)
+    assert (group.prompt_id, group.prompt_ids, group.prompt_text, group.task, group.branch) == (
+        "p", [5, 6], "text", "task", "reward")
+    assert group.samples == [SampledSample(completion_ids=[1, 2, 3], reward=1.0, logprob_sum=a.logprob_sum,
+                                           ref_logprob_sum=a.ref_logprob_sum, version=3, staleness=2,
+                                           finish_reason="stop")]
+
+
+def test_every_lua_script_ships_as_package_data_and_a_missing_one_fails_loudly() -> None:
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["services.buffer"]
+    scripts = sorted(redis_scripts.LUA_DIR.glob("*.lua"))
+    assert scripts and all(any(fnmatch.fnmatch(f"lua/{s.name}", glob) for glob in shipped) for s in scripts)
+    with pytest.raises(RuntimeError, match="missing.lua is missing"):
+        redis_scripts.read_lua("missing.lua")
+    assert redis_scripts.PICK_PROMPTS.startswith("#!lua flags=no-writes\nlocal VERSION_SHIFT = 4294967296\n")
 
 
 def test_redis_passwords_stay_out_of_messages() -> None:
