@@ -31,8 +31,8 @@ from benchmarks import Figure
 from services.buffer.ingest import Ingestor
 from services.buffer.store import BufferStore
 from tba.codec import MSGPACK_MEDIA_TYPE, encode, pack
+from tba.health import free_port
 from tba.keys import STREAM_FIELD
-from tba.ops import free_port
 from tba.redis_client import async_client
 from tba.schemas import SampleRequest, ScoredGroup, ScoredSample
 from tba.settings import BufferSettings

@@ -52,7 +52,7 @@ def _mb(directory: Path) -> float:
 
 def measure(model_dir: Path, work: Path, engine, kind: str, repeats: int) -> dict[str, float]:
     """Median publish, hash check and switch (seconds) and the checkpoint's MB, for ``kind`` full or lora."""
-    from services.trainer.checkpoints import TrainerState, save_checkpoint
+    from services.trainer.checkpointing import TrainerState, save_checkpoint
     from tba.checkpoints import CheckpointStore
     from tba.model.tokenizer import load_tokenizer
 

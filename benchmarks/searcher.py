@@ -41,8 +41,8 @@ from itertools import pairwise
 from pathlib import Path
 
 from benchmarks import Figure
+from tba.health import free_port
 from tba.keys import Keys
-from tba.ops import free_port
 
 PART = "searcher"
 ROUNDS = 3

@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 from benchmarks import Figure
-from tba.ops import free_port
+from tba.health import free_port
 
 PART = "trainer"
 P, K, POOL_PROMPTS, MAX_NEW = 8, 8, 32, 16
@@ -337,7 +337,7 @@ def publish_time(work: Path, redis_url: str, name: str, model_dir: Path, repeats
     import torch
     from transformers import AutoModelForCausalLM
 
-    from services.trainer.checkpoints import Announcer, TrainerState, save_checkpoint
+    from services.trainer.checkpointing import Announcer, TrainerState, save_checkpoint
     from services.trainer.optim import LRSchedule, build_optimizer
     from tba.checkpoints import TRAINER_STATE_DIR, CheckpointStore
     from tba.keys import Keys

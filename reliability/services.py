@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tba.ops import free_port
+from tba.health import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

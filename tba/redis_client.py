@@ -44,7 +44,10 @@ class DroppedConnectionRetry(AsyncRetry):
         return await super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
-def async_client(url: str, cluster: bool = False) -> aioredis.Redis | AsyncRedisCluster:
+AsyncRedis = aioredis.Redis | AsyncRedisCluster  # the buffer's client: one Redis or a Redis Cluster
+
+
+def async_client(url: str, cluster: bool = False) -> AsyncRedis:
     """The buffer's client: a dropped connection (Redis restarted, failover) is retried a few times
     with backoff before a request fails. Retrying a write is safe: the buffer's writes are
     idempotent by group id."""

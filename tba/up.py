@@ -30,8 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from tba.health import free_port
 from tba.lifetime import parse_cpu_list
-from tba.ops import free_port
 from tba.tracking import Tracker
 
 HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.ops import free_port
+from tba.health import free_port
 
 
 class RedisServer:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from services.trainer.batching import Row
-from services.trainer.checkpoints import TrainerState, save_checkpoint
+from services.trainer.checkpointing import TrainerState, save_checkpoint
 from services.trainer.distributed import Ranks, full_state, shard
 from services.trainer.learner import Learner
 from services.trainer.losses import make_loss

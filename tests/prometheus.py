@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tba.ops import free_port
+from tba.health import free_port
 
 SCRAPE_SECONDS = 1
 

@@ -76,7 +76,7 @@ async def sample(request: Request) -> Response:
     except BufferChanging as err:
         raise ApiError(503, "buffer_changing", str(err), {"Retry-After": "1"}) from None
     state.metrics.sample_seconds.observe(time.perf_counter() - t0)
-    return respond(request, batch.model_dump())
+    return respond(request, batch)
 
 
 @router.post("/v1/groups", dependencies=[Depends(require_token)], response_model=GroupAccepted,

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
-import redis.asyncio as aioredis
 from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
@@ -46,6 +45,7 @@ from services.buffer.metrics import BufferMetrics
 from services.buffer.store import BufferStore, StreamEntry, WriteResult
 from tba.codec import PayloadError, decode, encode
 from tba.keys import STREAM_FIELD
+from tba.redis_client import AsyncRedis
 from tba.retry import backoff_delays
 from tba.schemas import ScoredGroup
 from tba.settings import BufferSettings
@@ -80,7 +80,7 @@ def count_samples(payload: bytes | None) -> int:
 
 
 class Ingestor:
-    def __init__(self, redis: aioredis.Redis, store: BufferStore, settings: BufferSettings,
+    def __init__(self, redis: AsyncRedis, store: BufferStore, settings: BufferSettings,
                  metrics: BufferMetrics | None = None) -> None:
         self.redis = redis
         self.store = store
@@ -148,7 +148,9 @@ class Ingestor:
         return handled
 
     async def _read(self, from_id: str, count: int, block: int | None) -> list[Entry]:
-        out = await self.redis.xreadgroup(self.group, self.consumer, {self.stream: from_id}, count=count, block=block)
+        # RESP2 and RESP3 answer in different shapes
+        out: Any = await self.redis.xreadgroup(self.group, self.consumer, {self.stream: from_id}, count=count,
+                                               block=block)
         if not out:
             return []
         if isinstance(out, dict):  # RESP3

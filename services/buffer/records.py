@@ -1,6 +1,6 @@
 """What Redis holds of a prompt and its samples, in Python: the record a write stores, the view of a
-prompt that ``read_prompt.lua`` returns, and the served group (:class:`tba.schemas.SampledGroup`)
-made of the two, by :func:`served_group` alone.
+prompt that ``read_prompt.lua`` returns, and the served group (:class:`tba.schemas.SampledGroup`, in
+its wire form) made of the two, by :func:`served_group` alone.
 
 A sample is stored in four places of its prompt (docs/architecture.md §3): its order score (version
 and arrival), its reward and its copies, which the sampler reads to choose, and its *record*, the
@@ -17,9 +17,13 @@ from typing import Any
 import msgpack
 
 from tba.codec import pack
-from tba.schemas import SampledGroup, ScoredSample
+from tba.schemas import SCHEMA_VERSION, SampledBatch, SampledGroup, SampledSample, ScoredSample
 
 RECORD_FIELDS = ("completion_ids", "logprob_sum", "ref_logprob_sum", "finish_reason")
+# A served sample is its record plus what the prompt's view holds of it.
+SERVED_FIELDS = (*RECORD_FIELDS, "reward", "version", "staleness")
+GROUP_FIELDS = ("prompt_id", "prompt_ids", "prompt_text", "task", "branch", "samples")
+BATCH_FIELDS = ("schema_version", "trainer_version", "groups")
 
 
 def sample_id(completion_ids: list[int]) -> str:
@@ -59,14 +63,34 @@ def prompt_view(prompt_id: str, answer: list[Any]) -> PromptView:
 
 
 def served_group(view: PromptView, branch: str, picks: list[int], records: list[bytes],
-                 trainer_version: int) -> SampledGroup:
-    """The group served for ``view``: the samples at indices ``picks`` of the view, whose records are
-    ``records`` (in the same order), validated against the schema."""
+                 trainer_version: int) -> dict[str, Any]:
+    """The group served for ``view``, as the wire carries a :class:`SampledGroup`: the samples at indices
+    ``picks`` of the view, whose records are ``records`` (in the same order).
+
+    Its fields are the schema's (checked when this module loads, :func:`_check_against_schema`), and what
+    they hold was validated when it was written; the trainer validates every batch it receives against the
+    strict schema. Validating here too would cost a fifth of the sampler's throughput for nothing new."""
     samples = []
     for i, record in zip(picks, records, strict=True):
         sample = dict(zip(RECORD_FIELDS, msgpack.unpackb(record, raw=False), strict=True))
         sample.update(reward=view.rewards[i], version=view.versions[i], staleness=trainer_version - view.versions[i])
         samples.append(sample)
-    return SampledGroup.model_validate({"prompt_id": view.prompt_id, "prompt_ids": view.prompt_ids,
-                                        "prompt_text": view.prompt_text, "task": view.task, "branch": branch,
-                                        "samples": samples})
+    return {"prompt_id": view.prompt_id, "prompt_ids": view.prompt_ids, "prompt_text": view.prompt_text,
+            "task": view.task, "branch": branch, "samples": samples}
+
+
+def served_batch(trainer_version: int, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """A :class:`SampledBatch` in its wire form, around groups from :func:`served_group`."""
+    return {"schema_version": SCHEMA_VERSION, "trainer_version": trainer_version, "groups": groups}
+
+
+def _check_against_schema() -> None:
+    """The served forms name exactly the schema's fields: a field added to, renamed in or removed from
+    the schema stops the buffer at import instead of serving batches the trainer refuses."""
+    for model, fields in ((SampledSample, SERVED_FIELDS), (SampledGroup, GROUP_FIELDS), (SampledBatch, BATCH_FIELDS)):
+        if set(model.model_fields) != set(fields):
+            raise RuntimeError(f"services/buffer/records.py serves {model.__name__} as {sorted(fields)}, but the "
+                               f"schema's fields are {sorted(model.model_fields)}")
+
+
+_check_against_schema()

@@ -31,10 +31,11 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from services.buffer.records import PromptView, prompt_view, served_group
+from services.buffer.records import PromptView, prompt_view, served_batch, served_group
 from services.buffer.store import BufferStore
-from tba.schemas import SampledBatch, SampleRequest
+from tba.schemas import SampleRequest
 
 RECENCY, REWARD, ON_POLICY = "recency", "reward", "on_policy"
 
@@ -121,8 +122,9 @@ class Sampler:
         self.store = store
         self.attempts = attempts
 
-    async def sample(self, req: SampleRequest) -> SampledBatch:
-        """A batch by the rule; raises NotEnoughPrompts / BufferChanging."""
+    async def sample(self, req: SampleRequest) -> dict[str, Any]:
+        """A batch by the rule, in the wire form of a :class:`tba.schemas.SampledBatch`; raises
+        NotEnoughPrompts / BufferChanging."""
         rng = random.Random(req.seed)
         for _ in range(self.attempts):
             batch = await self._attempt(req, rng)
@@ -130,7 +132,7 @@ class Sampler:
                 return batch
         raise BufferChanging("the buffer changed under every attempt to draw this batch; retry")
 
-    async def _attempt(self, req: SampleRequest, rng: random.Random) -> SampledBatch | None:
+    async def _attempt(self, req: SampleRequest, rng: random.Random) -> dict[str, Any] | None:
         branches = draw_branches(rng, req.num_prompts, req.recency_prob)
         picked = await self._pick(req, recency_slots=branches.count(RECENCY),
                                   uniforms=[rng.random() for _ in range(2 * req.num_prompts)])
@@ -152,10 +154,11 @@ class Sampler:
                                       served=req.num_prompts * req.samples_per_prompt)
         groups = []
         for (view, branch, idx), recs in zip(chosen, records, strict=True):
-            if any(r is None for r in recs):  # evicted between the pick and this read: draw again
+            present = [r for r in recs if r is not None]
+            if len(present) < len(recs):  # evicted between the pick and this read: draw again
                 return None
-            groups.append(served_group(view, branch, idx, recs, req.trainer_version))
-        return SampledBatch(trainer_version=req.trainer_version, groups=groups)
+            groups.append(served_group(view, branch, idx, present, req.trainer_version))
+        return served_batch(req.trainer_version, groups)
 
     async def _pick(self, req: SampleRequest, recency_slots: int, uniforms: list[float]) -> Picked:
         """Draw the batch's prompts from the global indexes, then read each one atomically; raises

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from services.buffer.records import encode_record, sample_id
 from services.buffer.redis_scripts import Scripts
 from tba.codec import pack
 from tba.keys import Keys
+from tba.redis_client import AsyncRedis
 from tba.schemas import ScoredGroup
 from tba.settings import BufferSettings
 
@@ -48,8 +48,6 @@ STAT_COUNTERS = (
 APPLIED, RESENT, NOTHING_TO_DO = 0, 1, 2
 # Evictions planned per capacity check at most (each empties at least one prompt's oldest samples).
 MAX_EVICTION_ROUNDS = 1000
-
-Redis = aioredis.Redis | RedisCluster
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,7 @@ def group_intent(group: ScoredGroup, at: float) -> bytes:
 class BufferStore:
     """The buffer's writes and figures, over one client of a Redis or a Redis Cluster (the module tells how)."""
 
-    def __init__(self, redis: Redis, settings: BufferSettings) -> None:
+    def __init__(self, redis: AsyncRedis, settings: BufferSettings) -> None:
         self.redis = redis
         self.settings = settings
         self.keys = Keys(settings.namespace)
@@ -266,7 +264,7 @@ class BufferStore:
             intent = msgpack.unpackb(raw, raw=False)
             if now - float(intent["at"]) < stale_seconds:
                 continue
-            token = token.decode()
+            token = token.decode() if isinstance(token, bytes) else token
             if intent["kind"] == "eviction":
                 await self._evict(intent["prompt"], token, int(intent["count"]), intent["bound"])
             else:

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from services.searcher.loop import Searcher, build_watcher, replica_seed
 from services.searcher.spill import SpillLockedError, SpillQueue
 from services.searcher.startup import StartupError
-from tba.ops import HealthServer
+from tba.health import HealthServer
 from tba.settings import SearcherSettings
 from tba.tasks import Task
 

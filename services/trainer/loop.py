@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from services.trainer.batching import rows_from_batch
-from services.trainer.checkpoints import (
+from services.trainer.checkpointing import (
     Announcer,
     ResumePoint,
     TrainerState,
@@ -39,8 +39,8 @@ from services.trainer.losses import BetaSchedule, make_loss
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.optim import LRSchedule, build_optimizer
 from tba.checkpoints import CheckpointStore, model_identity
+from tba.health import HealthServer
 from tba.keys import Keys
-from tba.ops import HealthServer
 from tba.schemas import SampledBatch, SampleRequest
 from tba.settings import SettingsError, TrainerSettings
 from tba.tracking import Tracker

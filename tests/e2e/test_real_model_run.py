@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tba.ops import free_port
+from tba.health import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 

@@ -17,12 +17,12 @@ from services.buffer.ingest import Ingestor
 from services.buffer.sampler import Sampler
 from services.buffer.store import BufferStore
 from tba.codec import encode
+from tba.health import free_port
 from tba.keys import STREAM_FIELD, Keys
-from tba.ops import free_port
 from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
-from tests.unit.buffer_factories import check_consistency, make_group
+from tests.unit.buffer_factories import check_consistency, make_group, served
 
 K = Keys()
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ async def test_ingest_http_capacities_and_sampling_on_a_cluster(cluster) -> None
         nodes = {sync.get_node_from_key(K.prompt_key(p, "order")).name
                  for p in (x.decode() for x in sync.zrange(K.global_key("newest_version"), 0, -1))}
         assert len(nodes) == 3, "prompts should spread over every primary"
-        batch = await Sampler(store).sample(SampleRequest(num_prompts=8, samples_per_prompt=3, recency_prob=0.5,
+        batch = await served(Sampler(store), SampleRequest(num_prompts=8, samples_per_prompt=3, recency_prob=0.5,
                                                           trainer_version=3, seed=7))
         assert len(batch.groups) == 8 and all(len(g.samples) == 3 for g in batch.groups)
         assert len({g.prompt_id for g in batch.groups}) == 8

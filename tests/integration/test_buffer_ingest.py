@@ -17,7 +17,7 @@ from tba.keys import STREAM_FIELD, Keys
 from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
-from tests.unit.buffer_factories import check_consistency, make_group
+from tests.unit.buffer_factories import check_consistency, make_group, served
 
 pytestmark = pytest.mark.anyio
 K = Keys()
@@ -191,7 +191,7 @@ async def test_restarted_redis_with_aof_still_holds_the_buffer(make_ingestor, re
     after = await ing.store.stats()  # same client: reconnects; scripts reload on NOSCRIPT
     assert after == before and after["samples"] == 36
     check_consistency(sync)
-    batch = await Sampler(ing.store).sample(SampleRequest(num_prompts=4, samples_per_prompt=3, trainer_version=3))
+    batch = await served(Sampler(ing.store), SampleRequest(num_prompts=4, samples_per_prompt=3, trainer_version=3))
     assert len(batch.groups) == 4
     xadd_groups(sync, [make_group("after-restart", rewards=[1.0])])
     await drain(ing)

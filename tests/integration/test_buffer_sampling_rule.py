@@ -19,7 +19,7 @@ from services.buffer.store import BufferStore
 from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
-from tests.unit.buffer_factories import make_group
+from tests.unit.buffer_factories import make_group, served
 
 pytestmark = pytest.mark.anyio
 ACCEPT = 1e-3
@@ -36,7 +36,7 @@ async def sampler(redis_server):
 async def draw(sampler: Sampler, calls: int, **kw) -> list[dict]:
     groups = []
     for seed in range(calls):
-        batch = await sampler.sample(SampleRequest(seed=seed, **kw))
+        batch = await served(sampler, SampleRequest(seed=seed, **kw))
         groups += batch.model_dump()["groups"]
     return groups
 

@@ -19,7 +19,7 @@ from tba.keys import Keys
 from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings
-from tests.unit.buffer_factories import check_consistency, make_group
+from tests.unit.buffer_factories import check_consistency, make_group, served
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +50,7 @@ async def test_round_trip_returns_stored_samples_exactly(make_store, redis_serve
     for g in groups:
         res = await store.write_group(g)
         assert (res.added, res.duplicates, res.evicted, res.resent) == (3, 0, 0, False)
-    batch = await Sampler(store).sample(req(num_prompts=4, samples_per_prompt=3, trainer_version=5, recency_prob=0.5))
+    batch = await served(Sampler(store), req(num_prompts=4, samples_per_prompt=3, trainer_version=5, recency_prob=0.5))
     assert sorted(g.prompt_id for g in batch.groups) == ["p0", "p1", "p2", "p3"]
     by_id = {g.prompt_id: g for g in groups}
     for got in batch.groups:
@@ -93,7 +93,7 @@ async def test_duplicate_completion_keeps_the_newest_copy(make_store, redis_serv
     stats = await store.stats()
     assert stats["samples"] == 1 and stats["versions"] == {3: 1} and stats["reward_mean"] == 1.0
     assert stats["samples_duplicate"] == 2
-    batch = await Sampler(store).sample(req(samples_per_prompt=1, trainer_version=3))
+    batch = await served(Sampler(store), req(samples_per_prompt=1, trainer_version=3))
     assert batch.groups[0].samples[0].version == 3
     check_consistency(redis_server.client())
 
@@ -106,7 +106,7 @@ async def test_per_prompt_capacity_evicts_oldest_version_first(make_store, redis
     assert res.evicted == 3  # the second write already evicted one version-1 sample
     stats = await store.stats()
     assert stats["versions"] == {2: 2, 3: 3} and stats["samples_evicted"] == 4
-    rewards = sorted(s.reward for s in (await Sampler(store).sample(
+    rewards = sorted(s.reward for s in (await served(Sampler(store),
         req(samples_per_prompt=5, trainer_version=3))).groups[0].samples)
     assert rewards == [2.1, 2.2, 3.0, 3.1, 3.2]  # within version 2, the earliest arrival went first
     check_consistency(redis_server.client())
@@ -213,9 +213,9 @@ async def test_not_enough_prompts_is_reported_not_padded(make_store) -> None:
     store = await make_store()
     await store.write_group(make_group("only"))
     with pytest.raises(NotEnoughPrompts, match="1 eligible prompts, fewer than num_prompts=2"):
-        await Sampler(store).sample(req(num_prompts=2))
+        await served(Sampler(store), req(num_prompts=2))
     with pytest.raises(NotEnoughPrompts):
-        await Sampler(store).sample(req(num_prompts=1, only_version=7))
+        await served(Sampler(store), req(num_prompts=1, only_version=7))
 
 
 async def test_only_version_and_max_staleness_filter_samples(make_store) -> None:
@@ -226,14 +226,14 @@ async def test_only_version_and_max_staleness_filter_samples(make_store) -> None
     await store.write_group(make_group("old", version=0, rewards=[0.0, 0.0]))
     sampler = Sampler(store)
     for seed in range(10):
-        batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=4, only_version=1, seed=seed))
+        batch = await served(sampler, req(num_prompts=3, samples_per_prompt=4, only_version=1, seed=seed))
         assert {s.version for g in batch.groups for s in g.samples} == {1}
-        batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=4, trainer_version=6, max_staleness=2,
+        batch = await served(sampler, req(num_prompts=3, samples_per_prompt=4, trainer_version=6, max_staleness=2,
                                          recency_prob=0.5, seed=seed))
         assert {s.version for g in batch.groups for s in g.samples} == {4}
         assert all(s.staleness == 2 for g in batch.groups for s in g.samples)
     with pytest.raises(NotEnoughPrompts, match="no older than version 5"):
-        await sampler.sample(req(trainer_version=7, max_staleness=2))
+        await served(sampler, req(trainer_version=7, max_staleness=2))
 
 
 async def test_the_pick_computes_both_branches_cut_offs_from_the_newest_stored_version(make_store) -> None:
@@ -261,19 +261,19 @@ async def test_duplicates_are_counted_per_version_for_the_on_policy_draw(make_st
     await store.write_group(make_group("p", version=3, rewards=[1.0] * 2, tokens=[a, c]))
     await store.write_group(make_group("p", version=2, rewards=[1.0] * 2, tokens=[a, b]))
 
-    async def served(version: int, k: int) -> list[list[int]]:
-        batch = await Sampler(store).sample(req(samples_per_prompt=k, only_version=version, seed=1))
+    async def generated_at(version: int, k: int) -> list[list[int]]:
+        batch = await served(Sampler(store), req(samples_per_prompt=k, only_version=version, seed=1))
         assert {g.branch for g in batch.groups} == {"on_policy"}
         return sorted(s.completion_ids for s in batch.groups[0].samples)
 
     sync = redis_server.client()
     copies = Keys("tba").prompt_key("p", "copies")
     assert sync.hgetall(copies) == {sample_id(a).encode(): b"4"}
-    assert await served(3, 6) == sorted([a] * 4 + [b, c])  # K = all generated: exactly the generated samples
+    assert await generated_at(3, 6) == sorted([a] * 4 + [b, c])  # K = all generated: exactly the generated samples
     await store.write_group(make_group("p", version=4, rewards=[1.0], tokens=[a]))
     await store.write_group(make_group("p", version=4, rewards=[1.0], tokens=[b]))
-    assert await served(3, 6) == [c] * 6  # with replacement from the one sample left at version 3
-    assert await served(4, 2) == sorted([a, b])
+    assert await generated_at(3, 6) == [c] * 6  # with replacement from the one sample left at version 3
+    assert await generated_at(4, 2) == sorted([a, b])
     assert sync.hgetall(copies) == {}  # one copy each: nothing recorded
     check_consistency(sync)
 
@@ -287,12 +287,12 @@ async def test_recency_takes_the_newest_versions_and_falls_back_to_reward(make_s
         await store.write_group(make_group(f"old{i}", version=1, rewards=[0.0] * 3))
     sampler = Sampler(store)
     for seed in range(20):
-        batch = await sampler.sample(req(num_prompts=3, samples_per_prompt=6, recency_prob=1.0, seed=seed))
+        batch = await served(sampler, req(num_prompts=3, samples_per_prompt=6, recency_prob=1.0, seed=seed))
         branches = {g.prompt_id: g.branch for g in batch.groups}
         assert branches.pop("new") == "recency" and set(branches.values()) == {"reward"}  # only one recent prompt
         new = next(g for g in batch.groups if g.prompt_id == "new")
         assert {s.version for s in new.samples} == {5}  # newest samples only, with replacement (3 < 6)
-        batch = await sampler.sample(req(num_prompts=2, samples_per_prompt=2, recency_prob=1.0, recent_versions=2,
+        batch = await served(sampler, req(num_prompts=2, samples_per_prompt=2, recency_prob=1.0, recent_versions=2,
                                          seed=seed))
         assert sorted(g.prompt_id for g in batch.groups) == ["mid", "new"]
         assert all(g.branch == "recency" for g in batch.groups)
@@ -304,7 +304,7 @@ async def test_seeded_draws_are_reproducible(make_store) -> None:
         await store.write_group(make_group(f"p{i}", version=i % 3, rewards=[0.0, 1.0, 2.0, 3.0]))
     sampler = Sampler(store)
     r = req(num_prompts=3, samples_per_prompt=2, recency_prob=0.5, reward_inv_temp=1.0, seed=42)
-    assert await sampler.sample(r) == await sampler.sample(r)
+    assert await served(sampler, r) == await served(sampler, r)
 
 
 async def test_sampling_while_writers_evict_always_answers_whole_batches(make_store, redis_server) -> None:
@@ -323,7 +323,7 @@ async def test_sampling_while_writers_evict_always_answers_whole_batches(make_st
     async def reader() -> int:
         batches = 0
         while not done.is_set():
-            batch = await sampler.sample(req(num_prompts=4, samples_per_prompt=5, trainer_version=30,
+            batch = await served(sampler, req(num_prompts=4, samples_per_prompt=5, trainer_version=30,
                                              recency_prob=0.5, seed=None))
             assert len(batch.groups) == 4 and all(len(g.samples) == 5 for g in batch.groups)
             batches += 1

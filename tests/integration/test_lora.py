@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from services.trainer.batching import Row
-from services.trainer.checkpoints import TrainerState, find_resume_point, save_checkpoint
+from services.trainer.checkpointing import TrainerState, find_resume_point, save_checkpoint
 from services.trainer.learner import Learner
 from services.trainer.losses import make_loss
 from services.trainer.optim import LRSchedule, build_optimizer

@@ -15,7 +15,7 @@ import torch
 from services.searcher.engine import Engine
 from services.searcher.scorer import GeneratedBatch, Scorer
 from services.trainer.batching import Row
-from services.trainer.checkpoints import TrainerState, save_checkpoint
+from services.trainer.checkpointing import TrainerState, save_checkpoint
 from services.trainer.learner import Learner
 from services.trainer.losses import make_loss
 from services.trainer.optim import LRSchedule, build_optimizer

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from services.trainer.batching import Row
-from services.trainer.checkpoints import (
+from services.trainer.checkpointing import (
     Announcer,
     TrainerState,
     find_resume_point,
@@ -157,7 +157,7 @@ def test_a_crash_never_exposes_a_half_written_checkpoint(trained):
     tmp = store.new_tmp_dir()
     learner.model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    from services.trainer.checkpoints import _save_trainer_state
+    from services.trainer.checkpointing import _save_trainer_state
 
     _save_trainer_state(tmp / "trainer", learner.optimizer, learner.scheduler, state)
     tmp.rename(store.step_dir(3))

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from reliability.procs import descendants
-from services.trainer.checkpoints import load_state
+from services.trainer.checkpointing import load_state
 from services.trainer.loop import Trainer
 from tba.checkpoints import TMP_PREFIX, CheckpointStore, model_identity, parse_manifest
 from tba.codec import encode

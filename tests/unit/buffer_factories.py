@@ -6,7 +6,7 @@ import itertools
 import uuid
 from collections.abc import Sequence
 
-from tba.schemas import ScoredGroup, ScoredSample
+from tba.schemas import SampledBatch, SampleRequest, ScoredGroup, ScoredSample
 
 _counter = itertools.count()
 TEMPERATURE, REFERENCE = 0.7, "test-reference"  # the objective of every group made here
@@ -29,6 +29,11 @@ def make_group(prompt_id: str = "p0", version: int = 0, rewards: Sequence[float]
         temperature=TEMPERATURE, reference=REFERENCE,
         samples=[make_sample(t, r) for t, r in zip(tokens, rewards, strict=True)],
     )
+
+
+async def served(sampler, request: SampleRequest) -> SampledBatch:
+    """What the sampler serves for ``request``, validated against the strict schema as the trainer does."""
+    return SampledBatch.model_validate(await sampler.sample(request))
 
 
 def check_consistency(client, ns: str = "tba") -> dict:

@@ -16,7 +16,7 @@ from services.buffer.errors import ApiError
 from services.buffer.metrics import RateTracker
 from services.buffer.records import PromptView, encode_record, sample_id, served_group
 from services.buffer.sampler import RECENCY, REWARD, Thresholds, choose_samples, draw_branches, softmax
-from tba.schemas import SampledSample
+from tba.schemas import SampledGroup, SampledSample
 from tests.unit.buffer_factories import make_sample
 
 
@@ -83,12 +83,22 @@ def test_sample_ids_depend_on_tokens_only_and_records_are_served_as_stored() -> 
     assert sample_id(a.completion_ids) == sample_id(b.completion_ids) != sample_id([1, 2, 4])
     view = PromptView("p", [5, 6], "text", "task", [b"id-a", b"id-b"], versions=[2, 3], rewards=[0.5, 1.0],
                       copies=[1, 1])
-    group = served_group(view, "reward", [1], [encode_record(a)], trainer_version=5)
+    group = SampledGroup.model_validate(served_group(view, "reward", [1], [encode_record(a)], trainer_version=5))
     assert (group.prompt_id, group.prompt_ids, group.prompt_text, group.task, group.branch) == (
         "p", [5, 6], "text", "task", "reward")
     assert group.samples == [SampledSample(completion_ids=[1, 2, 3], reward=1.0, logprob_sum=a.logprob_sum,
                                            ref_logprob_sum=a.ref_logprob_sum, version=3, staleness=2,
                                            finish_reason="stop")]
+
+
+def test_the_served_forms_name_the_schemas_fields_and_a_mismatch_stops_the_buffer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.buffer import records
+
+    records._check_against_schema()  # the module loaded, so this holds; a drifted schema must not
+    monkeypatch.setattr(records, "SERVED_FIELDS", (*records.RECORD_FIELDS, "reward", "version"))
+    with pytest.raises(RuntimeError, match="SampledSample.*staleness"):
+        records._check_against_schema()
 
 
 def test_every_lua_script_ships_as_package_data_and_a_missing_one_fails_loudly() -> None:
