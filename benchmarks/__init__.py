@@ -36,8 +36,17 @@ class Figure:
 def format_table(figures: list[Figure]) -> str:
     rows = [("part", "figure", "value", "unit", "baseline", "ratio", "target")]
     for f in figures:
-        rows.append((f.part, f.name, _num(f.value), f.unit, _num(f.baseline) if f.baseline is not None else "",
-                     f"{f.ratio:.2f}" if f.ratio is not None else "", f.target))
+        rows.append(
+            (
+                f.part,
+                f.name,
+                _num(f.value),
+                f.unit,
+                _num(f.baseline) if f.baseline is not None else "",
+                f"{f.ratio:.2f}" if f.ratio is not None else "",
+                f.target,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -47,14 +47,28 @@ P, K = 8, 20
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 def make_group(prompt: int, version: int, rng: random.Random) -> ScoredGroup:
-    samples = [ScoredSample(completion_ids=[rng.randrange(3, 50) for _ in range(TOKENS)], completion_text="x" * TOKENS,
-                            reward=float(rng.random() < 0.5), logprob_sum=-rng.random() * 20,
-                            ref_logprob_sum=-rng.random() * 20) for _ in range(GROUP_SIZE)]
-    return ScoredGroup(prompt_id=f"prompt-{prompt:07d}", prompt_text="What is 12 + 34?", prompt_ids=list(range(3, 19)),
-                       task="arithmetic", policy_version=version, searcher_id="bench", samples=samples,
-                       temperature=0.7, reference="bench")
+    samples = [
+        ScoredSample(
+            completion_ids=[rng.randrange(3, 50) for _ in range(TOKENS)],
+            completion_text="x" * TOKENS,
+            reward=float(rng.random() < 0.5),
+            logprob_sum=-rng.random() * 20,
+            ref_logprob_sum=-rng.random() * 20,
+        )
+        for _ in range(GROUP_SIZE)
+    ]
+    return ScoredGroup(
+        prompt_id=f"prompt-{prompt:07d}",
+        prompt_text="What is 12 + 34?",
+        prompt_ids=list(range(3, 19)),
+        task="arithmetic",
+        policy_version=version,
+        searcher_id="bench",
+        samples=samples,
+        temperature=0.7,
+        reference="bench",
+    )
 
 
 class Redis:
@@ -65,9 +79,26 @@ class Redis:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir.name, "--save", "",
-             "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.dir.name,
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--maxmemory-policy",
+                "noeviction",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def close(self) -> None:
         self.proc.terminate()
@@ -128,8 +159,9 @@ async def load(store: BufferStore, ing: Ingestor, first_prompt: int, last_prompt
     await ing.trim()
 
 
-async def measure_ingest(store: BufferStore, settings: BufferSettings, prompts: int, version: int,
-                         rng: random.Random) -> float:
+async def measure_ingest(
+    store: BufferStore, settings: BufferSettings, prompts: int, version: int, rng: random.Random
+) -> float:
     """Samples/s from the stream into storage (new versions of existing prompts: steady state with eviction)."""
     groups = [make_group(rng.randrange(prompts), version, rng) for _ in range(INGEST_GROUPS)]
     pipe = store.redis.pipeline(transaction=False)
@@ -155,9 +187,17 @@ def measure_sampling(url: str, trainer_version: int, rounds: int = 2) -> tuple[f
         for r in range(rounds):
             lat = []
             for i in range(SAMPLE_CALLS + 10):
-                body = encode(SampleRequest(num_prompts=P, samples_per_prompt=K, trainer_version=trainer_version,
-                                            recency_prob=0.5, reward_inv_temp=1.0, recent_versions=2,
-                                            seed=r * 10_000 + i))
+                body = encode(
+                    SampleRequest(
+                        num_prompts=P,
+                        samples_per_prompt=K,
+                        trainer_version=trainer_version,
+                        recency_prob=0.5,
+                        reward_inv_temp=1.0,
+                        recent_versions=2,
+                        seed=r * 10_000 + i,
+                    )
+                )
                 t0 = time.perf_counter()
                 resp = http.post("/v1/sample", content=body, headers={"Content-Type": MSGPACK_MEDIA_TYPE})
                 if resp.status_code != 200:
@@ -173,8 +213,13 @@ def measure_sampling(url: str, trainer_version: int, rounds: int = 2) -> tuple[f
 
 def start_service(redis_url: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = {**os.environ, "TBA_REDIS_URL": redis_url, "TBA_PORT": str(port), "TBA_INGEST_ENABLED": "false",
-           "TBA_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "TBA_REDIS_URL": redis_url,
+        "TBA_PORT": str(port),
+        "TBA_INGEST_ENABLED": "false",
+        "TBA_LOG_LEVEL": "WARNING",
+    }
     proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer"], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -223,18 +268,28 @@ async def run(redis_url: str, service_url: str) -> list[Figure]:
                 sample_rate, p50, p99 = rate, r50, r99
         p99_small = p99 if p99_small is None else p99_small
         label = f"{size:.0e}".replace("e+0", "e")
-        print(f"[bench] buffer @ {stored} stored (load avg {os.getloadavg()[0]:.1f}): ingest {ingest:,.0f} samples/s "
-              f"(raw SET {set_rate:,.0f}/s), sample {sample_rate:,.0f} samples/s (raw GET {get_rate:,.0f}/s) "
-              f"p50 {p50:.1f} ms p99 {p99:.1f} ms, {mem:.0f} B/sample", flush=True)
+        print(
+            f"[bench] buffer @ {stored} stored (load avg {os.getloadavg()[0]:.1f}): ingest {ingest:,.0f} samples/s "
+            f"(raw SET {set_rate:,.0f}/s), sample {sample_rate:,.0f} samples/s (raw GET {get_rate:,.0f}/s) "
+            f"p50 {p50:.1f} ms p99 {p99:.1f} ms, {mem:.0f} B/sample",
+            flush=True,
+        )
         figs += [
             Figure(PART, f"ingest @{label}", ingest, "samples/s", set_rate, ">= 10,000; baseline: raw SET"),
-            Figure(PART, f"sample P8K20 @{label}", sample_rate, "samples/s", get_rate,
-                   ">= 10,000; baseline: raw GET"),
+            Figure(PART, f"sample P8K20 @{label}", sample_rate, "samples/s", get_rate, ">= 10,000; baseline: raw GET"),
             Figure(PART, f"sample p50 @{label}", p50, "ms"),
             Figure(PART, f"sample p99 @{label}", p99, "ms", p99_small, "@1e6 <= 2x @1e3"),
         ]
-    figs.append(Figure(PART, "memory per stored sample @1e6", mem, "bytes", payload,
-                       f"<= 1.5 x payload + 200 = {1.5 * payload + 200:.0f}"))
+    figs.append(
+        Figure(
+            PART,
+            "memory per stored sample @1e6",
+            mem,
+            "bytes",
+            payload,
+            f"<= 1.5 x payload + 200 = {1.5 * payload + 200:.0f}",
+        )
+    )
     figs.append(Figure(PART, "msgpack payload per sample", payload, "bytes"))
     await client.aclose()
     return figs

@@ -54,16 +54,26 @@ def _hf(model, tok, prompts, batched: bool) -> None:
     with torch.inference_mode():
         for group in groups:
             ids, mask = pad(group, tok.pad_token_id, left=True)
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                 do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
             assert out.shape[1] == ids.shape[1] + NEW_TOKENS
 
 
 def main() -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         model, tok, prompts = _setup(Path(tmp))
-        methods = {"ours": lambda: _ours(model, tok, prompts), "hf_batched": lambda: _hf(model, tok, prompts, True),
-                   "hf_single": lambda: _hf(model, tok, prompts, False)}
+        methods = {
+            "ours": lambda: _ours(model, tok, prompts),
+            "hf_batched": lambda: _hf(model, tok, prompts, True),
+            "hf_single": lambda: _hf(model, tok, prompts, False),
+        }
         for run in methods.values():  # warm-up
             run()
         times: dict[str, list[float]] = {name: [] for name in methods}
@@ -76,10 +86,22 @@ def main() -> list[Figure]:
     for name, r in rate.items():
         print(f"[bench] eval: {name:10s} {r:8.1f} prompts/s (greedy, {NEW_TOKENS} tokens)", flush=True)
     return [
-        Figure(PART, "greedy eval vs transformers generate (batched)", rate["ours"], "prompts/s",
-               rate["hf_batched"], "about 1 (same algorithm, exact sampling control)"),
-        Figure(PART, "greedy eval vs generate one prompt at a time", rate["ours"], "prompts/s",
-               rate["hf_single"], "much faster"),
+        Figure(
+            PART,
+            "greedy eval vs transformers generate (batched)",
+            rate["ours"],
+            "prompts/s",
+            rate["hf_batched"],
+            "about 1 (same algorithm, exact sampling control)",
+        ),
+        Figure(
+            PART,
+            "greedy eval vs generate one prompt at a time",
+            rate["ours"],
+            "prompts/s",
+            rate["hf_single"],
+            "much faster",
+        ),
     ]
 
 

@@ -62,8 +62,17 @@ def worker(model_dir: str, out: str, steps: int, threads: int) -> None:
     if ranks.distributed:
         model = shard(model)
     optimizer, scheduler = build_optimizer(model, 1e-5, 0.0, LRSchedule())
-    learner = Learner(model, optimizer, scheduler, make_loss("tb"), temperature=0.7, pad_id=0, token_budget=4096,
-                      grad_clip=1.0, ranks=ranks)
+    learner = Learner(
+        model,
+        optimizer,
+        scheduler,
+        make_loss("tb"),
+        temperature=0.7,
+        pad_id=0,
+        token_budget=4096,
+        grad_clip=1.0,
+        ranks=ranks,
+    )
     batches = [_batch(int(model.config.vocab_size), seed=s) for s in range(steps)]
     seconds = tokens = 0.0
     for i, rows in enumerate(batches):
@@ -81,11 +90,18 @@ def worker(model_dir: str, out: str, steps: int, threads: int) -> None:
 
 def _run(model_dir: Path, work: Path, name: str, ranks: int, threads: int, steps: int) -> dict:
     out = work / f"{name}.json"
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
-                if ranks > 1 else [sys.executable])
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+        if ranks > 1
+        else [sys.executable]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run([*launcher, "-m", "benchmarks.fsdp", "--worker", str(model_dir), str(out), str(steps),
-                           str(threads)], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [*launcher, "-m", "benchmarks.fsdp", "--worker", str(model_dir), str(out), str(steps), str(threads)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(out.read_text())
@@ -108,12 +124,30 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return [
-        Figure(PART, f"learner tokens/s, {name}, 2 FSDP2 ranks (gloo) vs 1 process with both cores",
-               two["tokens_per_s"], "tokens/s", both["tokens_per_s"], "report (2 cores)"),
-        Figure(PART, f"learner tokens/s, {name}, 2 FSDP2 ranks (gloo) vs 1 process with 1 core",
-               two["tokens_per_s"], "tokens/s", one["tokens_per_s"], "report (2 cores)"),
-        Figure(PART, f"peak memory per rank, {name}, 2 FSDP2 ranks vs 1 process", max(two["peak_mb"]), "MB",
-               both["peak_mb"][0], "report"),
+        Figure(
+            PART,
+            f"learner tokens/s, {name}, 2 FSDP2 ranks (gloo) vs 1 process with both cores",
+            two["tokens_per_s"],
+            "tokens/s",
+            both["tokens_per_s"],
+            "report (2 cores)",
+        ),
+        Figure(
+            PART,
+            f"learner tokens/s, {name}, 2 FSDP2 ranks (gloo) vs 1 process with 1 core",
+            two["tokens_per_s"],
+            "tokens/s",
+            one["tokens_per_s"],
+            "report (2 cores)",
+        ),
+        Figure(
+            PART,
+            f"peak memory per rank, {name}, 2 FSDP2 ranks vs 1 process",
+            max(two["peak_mb"]),
+            "MB",
+            both["peak_mb"][0],
+            "report",
+        ),
     ]
 
 

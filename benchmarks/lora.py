@@ -75,8 +75,12 @@ def measure(model_dir: Path, work: Path, engine, kind: str, repeats: int) -> dic
         size = _mb(directory)
         store.prune(keep=2, grace_seconds=0.0)
     shutil.rmtree(store.root)
-    return {"publish": statistics.median(publish), "verify": statistics.median(verify),
-            "switch": statistics.median(switch), "mb": size}
+    return {
+        "publish": statistics.median(publish),
+        "verify": statistics.median(verify),
+        "switch": statistics.median(switch),
+        "mb": size,
+    }
 
 
 def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
@@ -89,9 +93,17 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
     try:
         model_dir = Path(model) if model is not None else init_model(work / "tiny", seed=0)
         name = model_label(model_dir) if model is not None else "tiny"
-        settings = SearcherSettings(model=model_dir, redis_url="redis://127.0.0.1:1/0", namespace="bench",
-                                    checkpoint_dir=work / "unused", spill_dir=work / "spill", searcher_id="bench",
-                                    max_model_len=128, kv_cache_gib=1, lora_rank=RANK)
+        settings = SearcherSettings(
+            model=model_dir,
+            redis_url="redis://127.0.0.1:1/0",
+            namespace="bench",
+            checkpoint_dir=work / "unused",
+            spill_dir=work / "spill",
+            searcher_id="bench",
+            max_model_len=128,
+            kv_cache_gib=1,
+            lora_rank=RANK,
+        )
         engine = Engine(settings, model_dir, version=0, seed=0)
         repeats = 1 if quick else REPEATS
         try:
@@ -110,10 +122,22 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
     return [
         Figure(PART, f"checkpoint size, {label} (each with its AdamW state)", lora["mb"], "MB", full["mb"], "<< full"),
         Figure(PART, f"checkpoint publish, {label}", lora["publish"], "s", full["publish"], "<< full"),
-        Figure(PART, f"searcher switch to the new version (adapter add vs in-place reload), {name}", lora["switch"],
-               "s", full["switch"], "<< full"),
-        Figure(PART, f"publish -> searcher serving it (publish + hash + switch), {name}", total(lora), "s",
-               total(full), "<< full"),
+        Figure(
+            PART,
+            f"searcher switch to the new version (adapter add vs in-place reload), {name}",
+            lora["switch"],
+            "s",
+            full["switch"],
+            "<< full",
+        ),
+        Figure(
+            PART,
+            f"publish -> searcher serving it (publish + hash + switch), {name}",
+            total(lora),
+            "s",
+            total(full),
+            "<< full",
+        ),
     ]
 
 

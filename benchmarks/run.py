@@ -24,10 +24,16 @@ MODEL_PARTS = ("trainer", "searcher", "lora", "fsdp")  # the parts whose main() 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", metavar="PART", help=f"parts to run (default: {' '.join(PARTS)})")
-    parser.add_argument("--model", help="a model directory or a packaged model's name (e.g. smollm2-135m-instruct):"
-                                        f" {', '.join(MODEL_PARTS)} measure it instead of the tiny model")
-    parser.add_argument("--quick", action="store_true",
-                        help="with --model: a smoke run (fewest batches, every path once); figures mean nothing")
+    parser.add_argument(
+        "--model",
+        help="a model directory or a packaged model's name (e.g. smollm2-135m-instruct):"
+        f" {', '.join(MODEL_PARTS)} measure it instead of the tiny model",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="with --model: a smoke run (fewest batches, every path once); figures mean nothing",
+    )
     args = parser.parse_args(argv)
     if args.quick and not args.model:
         parser.error("--quick applies to --model runs only")

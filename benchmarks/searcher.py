@@ -56,10 +56,15 @@ SPEC_100M = dict(hidden_size=768, num_layers=14, num_heads=12, intermediate_size
 # --model: a pretrained model's settings (chat prompts, longer answers). SmolLM2-135M generates about 90 tokens/s
 # here (a batch of 64 completions takes ~15 s, its reference pass ~10 s): one warm-up batch, 2 rounds of 4
 # batches per phase, one timed reference pass, so that the part takes about 12 minutes.
-MODEL_SETTINGS = dict(prompts_per_batch=8, completions_per_prompt=8, max_new_tokens=64, max_model_len=512,
-                      temperature=0.7, chat_template="on")
+MODEL_SETTINGS = dict(
+    prompts_per_batch=8,
+    completions_per_prompt=8,
+    max_new_tokens=64,
+    max_model_len=512,
+    temperature=0.7,
+    chat_template="on",
+)
 MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 4, 5, 1
-
 
 
 def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
@@ -70,8 +75,21 @@ def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", "",
-         "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     client = sync_client(url)
@@ -89,9 +107,19 @@ def _settings(model: Path, work: Path, redis_url: str, **kw):
     from tba.settings import SearcherSettings
 
     base = dict(
-        model=model, redis_url=redis_url, namespace="bench", checkpoint_dir=work / "ckpt",
-        spill_dir=work / "spill", searcher_id="bench-0", prompts_per_batch=16, completions_per_prompt=8,
-        max_new_tokens=32, max_model_len=128, temperature=0.7, kv_cache_gib=1, max_batches=BATCHES_PER_ROUND,
+        model=model,
+        redis_url=redis_url,
+        namespace="bench",
+        checkpoint_dir=work / "ckpt",
+        spill_dir=work / "spill",
+        searcher_id="bench-0",
+        prompts_per_batch=16,
+        completions_per_prompt=8,
+        max_new_tokens=32,
+        max_model_len=128,
+        temperature=0.7,
+        kv_cache_gib=1,
+        max_batches=BATCHES_PER_ROUND,
     )
     return SearcherSettings(**(base | kw))
 
@@ -133,8 +161,12 @@ def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, in
     entries = client.xrange(Keys("bench").trajectories)
     if len(entries) != status["groups_published"] or status["spilled"]:
         raise RuntimeError(f"searcher lost groups: {len(entries)} on the stream, status {status}")
-    return seconds, status["samples_published"], status["tokens_generated"], _publish_intervals(
-        entries, settings.prompts_per_batch, settings.max_batches)
+    return (
+        seconds,
+        status["samples_published"],
+        status["tokens_generated"],
+        _publish_intervals(entries, settings.prompts_per_batch, settings.max_batches),
+    )
 
 
 def _publish_intervals(entries, groups_per_batch: int, batches: int) -> list[tuple[float, int]]:
@@ -148,15 +180,18 @@ def _publish_intervals(entries, groups_per_batch: int, batches: int) -> list[tup
     if len(entries) != groups_per_batch * batches:
         return []
     stamps = [int(entry_id.split(b"-")[0]) / 1e3 for entry_id, _ in entries]
-    tokens = [sum(len(s.completion_ids) for s in decode(fields[STREAM_FIELD.encode()], ScoredGroup).samples)
-              for _, fields in entries]
-    done = [max(stamps[i:i + groups_per_batch]) for i in range(0, len(stamps), groups_per_batch)]
-    per_batch = [sum(tokens[i:i + groups_per_batch]) for i in range(0, len(tokens), groups_per_batch)]
+    tokens = [
+        sum(len(s.completion_ids) for s in decode(fields[STREAM_FIELD.encode()], ScoredGroup).samples)
+        for _, fields in entries
+    ]
+    done = [max(stamps[i : i + groups_per_batch]) for i in range(0, len(stamps), groups_per_batch)]
+    per_batch = [sum(tokens[i : i + groups_per_batch]) for i in range(0, len(tokens), groups_per_batch)]
     return [(b - a, n) for (a, b), n in zip(pairwise(done), per_batch[1:], strict=True)]
 
 
-def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int = ROUNDS,
-               warmup: int = 2) -> list[Figure]:
+def throughput(
+    engine, scorer, settings, redis_url: str, phase: str, rounds: int = ROUNDS, warmup: int = 2
+) -> list[Figure]:
     from itertools import islice
 
     from services.searcher.loop import replica_seed
@@ -178,14 +213,24 @@ def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int
                 acc[i] += v
         bare_batches.extend(bare_round[3][1:])
         intervals.extend(our_round[3])
-        print(f"[bench] searcher {phase} round {r + 1}: bare {bare[1] / bare[0]:.0f} samples/s, "
-              f"searcher {ours[1] / ours[0]:.0f} samples/s (cumulative)", flush=True)
+        print(
+            f"[bench] searcher {phase} round {r + 1}: bare {bare[1] / bare[0]:.0f} samples/s, "
+            f"searcher {ours[1] / ours[0]:.0f} samples/s (cumulative)",
+            flush=True,
+        )
     label = f"P={settings.prompts_per_batch} S={settings.completions_per_prompt} T={settings.max_new_tokens}"
     figures = [
-        Figure(PART, f"samples/s {phase} ({label}) vs bare LLM.generate", ours[1] / ours[0], "samples/s",
-               bare[1] / bare[0], ">= 0.9"),
-        Figure(PART, f"tokens/s {phase}, vs bare LLM.generate", ours[2] / ours[0], "tokens/s",
-               bare[2] / bare[0], ">= 0.9"),
+        Figure(
+            PART,
+            f"samples/s {phase} ({label}) vs bare LLM.generate",
+            ours[1] / ours[0],
+            "samples/s",
+            bare[1] / bare[0],
+            ">= 0.9",
+        ),
+        Figure(
+            PART, f"tokens/s {phase}, vs bare LLM.generate", ours[2] / ours[0], "tokens/s", bare[2] / bare[0], ">= 0.9"
+        ),
     ]
     if intervals:
         # A searcher runs for hours: between its first and last publication every batch's scoring overlaps
@@ -196,8 +241,16 @@ def throughput(engine, scorer, settings, redis_url: str, phase: str, rounds: int
         def rate(pairs: list[tuple[float, int]]) -> float:
             return sum(n for _, n in pairs) / sum(t for t, _ in pairs)
 
-        figures.append(Figure(PART, f"tokens/s {phase}, steady state (publication intervals)", rate(intervals),
-                              "tokens/s", rate(bare_batches), ">= 0.9"))
+        figures.append(
+            Figure(
+                PART,
+                f"tokens/s {phase}, steady state (publication intervals)",
+                rate(intervals),
+                "tokens/s",
+                rate(bare_batches),
+                ">= 0.9",
+            )
+        )
     return figures
 
 
@@ -242,11 +295,20 @@ def reload_pause(engine, start_s: float, store, manifests, name: str, reloads: i
         pauses.append(engine.reload(store.resolve(m), m.version))
         engine.generate(ids, engine.sampling_params(1, 0.7, 4))
     pause_ms, verify_ms = statistics.median(pauses) * 1e3, statistics.median(verifies) * 1e3
-    print(f"[bench] reload {name} ({size_mb:.0f} MB): pause {pause_ms:.0f} ms, hash {verify_ms:.0f} ms, "
-          f"fresh engine {start_s:.1f} s", flush=True)
+    print(
+        f"[bench] reload {name} ({size_mb:.0f} MB): pause {pause_ms:.0f} ms, hash {verify_ms:.0f} ms, "
+        f"fresh engine {start_s:.1f} s",
+        flush=True,
+    )
     return [
-        Figure(PART, f"reload pause, {name} ({size_mb:.0f} MB fp32) vs fresh engine start", pause_ms, "ms",
-               start_s * 1e3, "<< engine start"),
+        Figure(
+            PART,
+            f"reload pause, {name} ({size_mb:.0f} MB fp32) vs fresh engine start",
+            pause_ms,
+            "ms",
+            start_s * 1e3,
+            "<< engine start",
+        ),
         Figure(PART, f"checkpoint hash check, {name} (watcher thread, not a pause)", verify_ms, "ms"),
     ]
 
@@ -291,11 +353,17 @@ def reference_pass(engine, scorer, settings, name: str, repeats: int = RELOADS) 
     from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs_chunked
 
     stream = scorer.task.train_prompts(replica_seed(settings.seed, "reference-pass"))
-    prompt_ids = [scorer.prompt_format.encode(scorer.tokenizer, next(stream).text)
-                  for _ in range(settings.prompts_per_batch)]
+    prompt_ids = [
+        scorer.prompt_format.encode(scorer.tokenizer, next(stream).text) for _ in range(settings.prompts_per_batch)
+    ]
     params = engine.sampling_params(settings.completions_per_prompt, settings.temperature, settings.max_new_tokens)
-    pairs = list(dict.fromkeys((tuple(p), tuple(c.token_ids)) for p, group in
-                               zip(prompt_ids, engine.generate(prompt_ids, params), strict=True) for c in group))
+    pairs = list(
+        dict.fromkeys(
+            (tuple(p), tuple(c.token_ids))
+            for p, group in zip(prompt_ids, engine.generate(prompt_ids, params), strict=True)
+            for c in group
+        )
+    )
     prompts, completions = [list(p) for p, _ in pairs], [list(c) for _, c in pairs]
     model, T, pad, budget = scorer.reference.model, settings.temperature, scorer.pad_id, settings.ref_token_budget
 
@@ -313,10 +381,21 @@ def reference_pass(engine, scorer, settings, name: str, repeats: int = RELOADS) 
 
     tree_ms = timed(lambda: shared_prefix_logprobs_chunked(model, prompts, completions, T, pad, budget))
     rows_ms = timed(padded_rows)
-    print(f"[bench] reference pass on {name}, {len(pairs)} distinct pairs: prefix trees {tree_ms:.0f} ms, "
-          f"padded rows {rows_ms:.0f} ms", flush=True)
-    return [Figure(PART, f"reference pass, one batch on {name} ({len(pairs)} distinct pairs) vs padded rows",
-                   tree_ms, "ms", rows_ms, "< padded rows")]
+    print(
+        f"[bench] reference pass on {name}, {len(pairs)} distinct pairs: prefix trees {tree_ms:.0f} ms, "
+        f"padded rows {rows_ms:.0f} ms",
+        flush=True,
+    )
+    return [
+        Figure(
+            PART,
+            f"reference pass, one batch on {name} ({len(pairs)} distinct pairs) vs padded rows",
+            tree_ms,
+            "ms",
+            rows_ms,
+            "< padded rows",
+        )
+    ]
 
 
 def _copied_checkpoints(work: Path, model_dir: Path) -> tuple:
@@ -344,8 +423,9 @@ def model_figures(model_dir: Path, work: Path, redis_url: str, quick: bool = Fal
     from tba.tasks import make_task
 
     name = model_label(model_dir)
-    rounds, batches, reloads, repeats = (1, 2, 2, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND,
-                                                                   MODEL_RELOADS, MODEL_REF_REPEATS)
+    rounds, batches, reloads, repeats = (
+        (1, 2, 2, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS)
+    )
     settings = _settings(model_dir, work, redis_url, max_batches=batches, **MODEL_SETTINGS)
     store, manifests = _copied_checkpoints(work, model_dir)
     engine, start_s = _timed_engine(settings, model_dir, version=0)
@@ -353,8 +433,7 @@ def model_figures(model_dir: Path, work: Path, redis_url: str, quick: bool = Fal
         scorer = Scorer(settings, make_task(settings.task, settings.task_options, chat=True), settings.searcher_id)
         figures = throughput(engine, scorer, settings, redis_url, f"{name} at base (ref reused)", rounds, warmup=1)
         figures += reload_pause(engine, start_s, store, manifests, name, reloads)  # serves a checkpoint copy after
-        figures += throughput(engine, scorer, settings, redis_url, f"{name} after reload (ref pass)", rounds,
-                              warmup=1)
+        figures += throughput(engine, scorer, settings, redis_url, f"{name} after reload (ref pass)", rounds, warmup=1)
         figures.append(reference_share(scorer, name))
         return figures + reference_pass(engine, scorer, settings, name, repeats)
     finally:

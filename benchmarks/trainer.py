@@ -69,7 +69,6 @@ MODEL_ROUNDS, MODEL_BATCHES, MODEL_PUBLISHES = 2, 2, 3
 SAVE_PROMPTS, SAVE_COUNT = 32, 4  # --save-batches: batches sized for a GPU
 
 
-
 def _wait(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -90,21 +89,50 @@ def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
 
     rport, bport = free_port(), free_port()
     (work / "redis").mkdir(parents=True)
-    procs = [subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--dir",
-                               str(work / "redis"), "--save", "", "--appendonly", "no"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(rport),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(work / "redis"),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     redis_url = f"redis://127.0.0.1:{rport}/0"
     _wait(lambda: sync_client(redis_url).ping(), 10, "redis-server")
     env = {**os.environ, "TBA_REDIS_URL": redis_url, "TBA_NAMESPACE": NS, "TBA_LOG_LEVEL": "WARNING"}
-    procs.append(subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer", "--port", str(bport)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=(work / "buffer.log").open("w")))
+    procs.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "tba.cli", "buffer", "--port", str(bport)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(work / "buffer.log").open("w"),
+        )
+    )
     buffer_url = f"http://127.0.0.1:{bport}"
     _wait(lambda: httpx.get(f"{buffer_url}/readyz", timeout=1).status_code == 200, 60, "the buffer")
     return procs, redis_url, buffer_url
 
 
-def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, prompt_format=None,
-                 pool: int = POOL_PROMPTS, max_new: int = MAX_NEW) -> int:
+def _fill_buffer(
+    model_dir: Path,
+    redis_url: str,
+    buffer_url: str,
+    task=None,
+    prompt_format=None,
+    pool: int = POOL_PROMPTS,
+    max_new: int = MAX_NEW,
+) -> int:
     """Completions of the model for ``pool`` prompts of ``task`` (default: 3-digit arithmetic, plain prompts),
     K per prompt, scored, with reference log-probs (the policy is the reference here), through the buffer's
     stream as a searcher publishes them."""
@@ -135,18 +163,36 @@ def _fill_buffer(model_dir: Path, redis_url: str, buffer_url: str, task=None, pr
         seen.add(p.prompt_id)
         ids = prompt_format.encode(tok, p.text)
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), do_sample=True, temperature=T, top_k=0, max_new_tokens=max_new,
-                                 num_return_sequences=K, pad_token_id=tok.pad_token_id)
-            comps = [c[: c.index(tok.eos_token_id) + 1] if tok.eos_token_id in c else c
-                     for c in out[:, len(ids):].tolist()]
+            out = model.generate(
+                torch.tensor([ids]),
+                do_sample=True,
+                temperature=T,
+                top_k=0,
+                max_new_tokens=max_new,
+                num_return_sequences=K,
+                pad_token_id=tok.pad_token_id,
+            )
+            comps = [
+                c[: c.index(tok.eos_token_id) + 1] if tok.eos_token_id in c else c for c in out[:, len(ids) :].tolist()
+            ]
             ref = sequence_logprobs(model, [ids] * K, comps, T, tok.pad_token_id).tolist()
         texts = [tok.decode(c, skip_special_tokens=True) for c in comps]
-        group = ScoredGroup(prompt_id=p.prompt_id, prompt_text=p.text, prompt_ids=ids, task="arithmetic",
-                            policy_version=0, searcher_id="bench", samples=[
-                                ScoredSample(completion_ids=c, completion_text=t, reward=task.reward(p, t),
-                                             logprob_sum=r, ref_logprob_sum=r)
-                                for c, t, r in zip(comps, texts, ref, strict=True)],
-                            temperature=T, reference=model_identity(model_dir))
+        group = ScoredGroup(
+            prompt_id=p.prompt_id,
+            prompt_text=p.text,
+            prompt_ids=ids,
+            task="arithmetic",
+            policy_version=0,
+            searcher_id="bench",
+            samples=[
+                ScoredSample(
+                    completion_ids=c, completion_text=t, reward=task.reward(p, t), logprob_sum=r, ref_logprob_sum=r
+                )
+                for c, t, r in zip(comps, texts, ref, strict=True)
+            ],
+            temperature=T,
+            reference=model_identity(model_dir),
+        )
         client.xadd(Keys(NS).trajectories, {STREAM_FIELD: encode(group)})
     _wait(lambda: httpx.get(f"{buffer_url}/v1/stats").json()["groups_stored"] >= pool, 60, "ingest")
     return int(httpx.get(f"{buffer_url}/v1/stats").json()["samples"])
@@ -158,9 +204,19 @@ def _fetch(buffer_url: str, seeds: list[int], num_prompts: int = P) -> list:
 
     client = BufferClient(buffer_url)
     try:
-        return [client.sample(SampleRequest(num_prompts=num_prompts, samples_per_prompt=K, recency_prob=0.5,
-                                            trainer_version=i, recent_versions=LOOP_K, seed=seed))
-                for i, seed in enumerate(seeds)]
+        return [
+            client.sample(
+                SampleRequest(
+                    num_prompts=num_prompts,
+                    samples_per_prompt=K,
+                    recency_prob=0.5,
+                    trainer_version=i,
+                    recent_versions=LOOP_K,
+                    seed=seed,
+                )
+            )
+            for i, seed in enumerate(seeds)
+        ]
     finally:
         client.close()
 
@@ -202,7 +258,7 @@ class BareLoop:
         for i, (s, st) in enumerate(zip(seqs, starts, strict=True)):
             ids[i, : len(s)] = torch.tensor(s)
             attn[i, : len(s)] = 1
-            comp[i, st: len(s)] = True
+            comp[i, st : len(s)] = True
         ids, attn, comp = ids.to(self.device), attn.to(self.device), comp.to(self.device)
         self.opt.zero_grad()
         with autocast(self.device, self.compute_dtype):
@@ -212,8 +268,9 @@ class BareLoop:
         idx = torch.tensor(index, device=self.device)
         target = (torch.tensor(log_ref) + torch.tensor(reward) / BETA).to(self.device)
         G = len(batch.groups)
-        log_Z = (torch.zeros(G, device=self.device).index_add_(0, idx, (target - log_pi).detach())
-                 / torch.bincount(idx, minlength=G))
+        log_Z = torch.zeros(G, device=self.device).index_add_(0, idx, (target - log_pi).detach()) / torch.bincount(
+            idx, minlength=G
+        )
         loss = ((log_Z[idx] + log_pi - target) ** 2).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -221,8 +278,9 @@ class BareLoop:
         return int(attn.sum())
 
 
-def _service_learner(model_dir: Path, pad_id: int, device: str = "cpu", compute_dtype: str = "float32",
-                     token_budget: int = 16384):
+def _service_learner(
+    model_dir: Path, pad_id: int, device: str = "cpu", compute_dtype: str = "float32", token_budget: int = 16384
+):
     """The service's Learner as the Trainer builds it (fp32 weights on ``device``, ``compute_dtype`` autocast)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -233,8 +291,17 @@ def _service_learner(model_dir: Path, pad_id: int, device: str = "cpu", compute_
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     opt, sched = build_optimizer(model, 1e-5, 0.0, LRSchedule())
-    return Learner(model, opt, sched, make_loss("tb"), temperature=T, pad_id=pad_id, token_budget=token_budget,
-                   grad_clip=1.0, compute_dtype=compute_dtype)
+    return Learner(
+        model,
+        opt,
+        sched,
+        make_loss("tb"),
+        temperature=T,
+        pad_id=pad_id,
+        token_budget=token_budget,
+        grad_clip=1.0,
+        compute_dtype=compute_dtype,
+    )
 
 
 def _synchronize(device: str) -> None:
@@ -245,8 +312,16 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def learner_vs_bare(model_dir: Path, batches: list, pad_id: int, label: str = "tiny model", rounds: int = ROUNDS,
-                    device: str = "cpu", compute_dtype: str = "float32", token_budget: int = 16384) -> list[Figure]:
+def learner_vs_bare(
+    model_dir: Path,
+    batches: list,
+    pad_id: int,
+    label: str = "tiny model",
+    rounds: int = ROUNDS,
+    device: str = "cpu",
+    compute_dtype: str = "float32",
+    token_budget: int = 16384,
+) -> list[Figure]:
     from services.trainer.batching import rows_from_batch
     from services.trainer.metrics import TrainerMetrics
 
@@ -276,18 +351,40 @@ def learner_vs_bare(model_dir: Path, batches: list, pad_id: int, label: str = "t
     assert tokens["bare"] == tokens["service"], "both arms must see the same tokens"
     ours, base = tokens["service"] / times["service"], tokens["bare"] / times["bare"]
     p, k = len(batches[0].groups), len(batches[0].groups[0].samples)
-    return [Figure(PART, f"learner step tokens/s (P={p}, K={k}, {label}) vs bare PyTorch loop", ours, "tokens/s",
-                   base, ">= 0.9")]
+    return [
+        Figure(
+            PART,
+            f"learner step tokens/s (P={p}, K={k}, {label}) vs bare PyTorch loop",
+            ours,
+            "tokens/s",
+            base,
+            ">= 0.9",
+        )
+    ]
 
 
 def _loop_settings(model_dir: Path, work: Path, redis_url: str, buffer_url: str, run: int):
     from tba.settings import TrainerSettings
 
     return TrainerSettings(
-        redis_url=redis_url, namespace=NS, buffer_url=buffer_url, model=model_dir, checkpoint_dir=work / f"ckpt{run}",
-        prompts_per_step=P, train_samples_per_prompt=K, recency_prob=0.5, recent_versions=LOOP_K, warmup_samples=0,
-        checkpoint_every=LOOP_K, max_steps=LOOP_STEPS, sample_seed=SEED0, lr=1e-5, torch_threads=1,
-        metrics_file=work / f"metrics{run}.jsonl", checkpoint_grace_seconds=0.0)
+        redis_url=redis_url,
+        namespace=NS,
+        buffer_url=buffer_url,
+        model=model_dir,
+        checkpoint_dir=work / f"ckpt{run}",
+        prompts_per_step=P,
+        train_samples_per_prompt=K,
+        recency_prob=0.5,
+        recent_versions=LOOP_K,
+        warmup_samples=0,
+        checkpoint_every=LOOP_K,
+        max_steps=LOOP_STEPS,
+        sample_seed=SEED0,
+        lr=1e-5,
+        torch_threads=1,
+        metrics_file=work / f"metrics{run}.jsonl",
+        checkpoint_grace_seconds=0.0,
+    )
 
 
 def service_loop(model_dir: Path, work: Path, redis_url: str, buffer_url: str, pad_id: int) -> list[Figure]:
@@ -310,8 +407,16 @@ def service_loop(model_dir: Path, work: Path, redis_url: str, buffer_url: str, p
         tokens["service"] += sum(r["tokens"] for r in rows[1:])
     assert tokens["bare"] == tokens["service"], "the seeded draws must replay the same batches"
     ours, base = tokens["service"] / times["service"], tokens["bare"] / times["bare"]
-    return [Figure(PART, f"service loop tokens/s (HTTP sample, step, metrics, publish every {LOOP_K}) vs bare",
-                   ours, "tokens/s", base, ">= 0.9")]
+    return [
+        Figure(
+            PART,
+            f"service loop tokens/s (HTTP sample, step, metrics, publish every {LOOP_K}) vs bare",
+            ours,
+            "tokens/s",
+            base,
+            ">= 0.9",
+        )
+    ]
 
 
 def _durable_bare_save(model, opt, out: Path) -> None:
@@ -330,8 +435,9 @@ def _tree_mb(directory: Path) -> float:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
 
 
-def publish_time(work: Path, redis_url: str, name: str, model_dir: Path, repeats: int,
-                 report_size: bool = False) -> list[Figure]:
+def publish_time(
+    work: Path, redis_url: str, name: str, model_dir: Path, repeats: int, report_size: bool = False
+) -> list[Figure]:
     """Median publish of the model at ``model_dir`` with one step's AdamW state, against a durable bare save;
     ``report_size`` adds the checkpoint's size (weights, and the optimizer/trainer state beside them)."""
     import torch
@@ -368,12 +474,27 @@ def publish_time(work: Path, redis_url: str, name: str, model_dir: Path, repeats
     weights_mb = sum(f.stat().st_size for f in published.iterdir() if f.is_file()) / 2**20
     state_mb = _tree_mb(published / TRAINER_STATE_DIR)
     shutil.rmtree(store.root)
-    figures = [Figure(PART, f"checkpoint publish, {name} ({params / 1e6:.1f}M params, {weights_mb:.0f} MB weights "
-                            "+ optimizer) vs durable bare save", statistics.median(ours), "s", statistics.median(bare),
-                      "same bytes fsync'd; ours adds hash+rename+manifest+announce")]
+    figures = [
+        Figure(
+            PART,
+            f"checkpoint publish, {name} ({params / 1e6:.1f}M params, {weights_mb:.0f} MB weights "
+            "+ optimizer) vs durable bare save",
+            statistics.median(ours),
+            "s",
+            statistics.median(bare),
+            "same bytes fsync'd; ours adds hash+rename+manifest+announce",
+        )
+    ]
     if report_size:
-        figures.append(Figure(PART, f"checkpoint size, {name} ({weights_mb:.0f} MB weights and tokenizer + "
-                                    f"{state_mb:.0f} MB optimizer and trainer state)", weights_mb + state_mb, "MB"))
+        figures.append(
+            Figure(
+                PART,
+                f"checkpoint size, {name} ({weights_mb:.0f} MB weights and tokenizer + "
+                f"{state_mb:.0f} MB optimizer and trainer state)",
+                weights_mb + state_mb,
+                "MB",
+            )
+        )
     return figures
 
 
@@ -397,10 +518,12 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
         print(f"[bench] trainer: buffer holds {stored} samples of {POOL_PROMPTS} prompts", flush=True)
         figures = learner_vs_bare(model_dir, _fetch(buffer_url, list(range(BATCHES))), pad_id)
         figures += service_loop(model_dir, work, redis_url, buffer_url, pad_id)
-        figures += publish_time(work, redis_url, "tiny", init_model(work / "model-tiny", TinyModelSpec(), seed=0),
-                                repeats=5)
-        figures += publish_time(work, redis_url, "100M", init_model(work / "model-100M", TinyModelSpec(**SPEC_100M),
-                                                                   seed=0), repeats=3)
+        figures += publish_time(
+            work, redis_url, "tiny", init_model(work / "model-tiny", TinyModelSpec(), seed=0), repeats=5
+        )
+        figures += publish_time(
+            work, redis_url, "100M", init_model(work / "model-100M", TinyModelSpec(**SPEC_100M), seed=0), repeats=3
+        )
         return figures
     finally:
         _stop(procs)
@@ -423,22 +546,34 @@ def _pad_id(model_dir: Path) -> int:
     return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
 
-def model_batches(model_dir: Path, redis_url: str, buffer_url: str, num_prompts: int, count: int,
-                  pool: int) -> list:
+def model_batches(model_dir: Path, redis_url: str, buffer_url: str, num_prompts: int, count: int, pool: int) -> list:
     """``count`` batches of ``num_prompts`` x K drawn by the real buffer from the model's own samples of
     ``pool`` chat-form arithmetic prompts (chat template applied, as the searcher encodes them)."""
     from tba.model.tokenizer import PromptFormat
     from tba.tasks import make_task
 
     t0 = time.perf_counter()
-    stored = _fill_buffer(model_dir, redis_url, buffer_url, make_task("arithmetic", chat=True),
-                          PromptFormat(chat=True), pool=pool, max_new=MODEL_MAX_NEW)
-    print(f"[bench] trainer: buffer holds {stored} samples of {pool} prompts (sampled in "
-          f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    stored = _fill_buffer(
+        model_dir,
+        redis_url,
+        buffer_url,
+        make_task("arithmetic", chat=True),
+        PromptFormat(chat=True),
+        pool=pool,
+        max_new=MODEL_MAX_NEW,
+    )
+    print(
+        f"[bench] trainer: buffer holds {stored} samples of {pool} prompts (sampled in "
+        f"{time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     batches = _fetch(buffer_url, list(range(count)), num_prompts)
     lengths = [len(g.prompt_ids) + len(s.completion_ids) for b in batches for g in b.groups for s in g.samples]
-    print(f"[bench] trainer: {count} batches of {num_prompts} x {K}, sequences of {statistics.mean(lengths):.0f} "
-          f"tokens on average ({min(lengths)}..{max(lengths)})", flush=True)
+    print(
+        f"[bench] trainer: {count} batches of {num_prompts} x {K}, sequences of {statistics.mean(lengths):.0f} "
+        f"tokens on average ({min(lengths)}..{max(lengths)})",
+        flush=True,
+    )
     return batches
 
 
@@ -457,10 +592,14 @@ def model_figures(model_dir: Path, quick: bool = False) -> list[Figure]:
         procs, redis_url, buffer_url = _start_services(work)
         batches = model_batches(model_dir, redis_url, buffer_url, MODEL_P, count, MODEL_P if quick else MODEL_POOL)
         figures = learner_vs_bare(model_dir, batches, _pad_id(model_dir), label, rounds)
-        print(f"[bench] trainer: service loop (whole Trainer) skipped for --model {label}: "
-              "too slow at this size on the CPU", flush=True)
-        figures += publish_time(work, redis_url, label, model_dir, repeats=1 if quick else MODEL_PUBLISHES,
-                                report_size=True)
+        print(
+            f"[bench] trainer: service loop (whole Trainer) skipped for --model {label}: "
+            "too slow at this size on the CPU",
+            flush=True,
+        )
+        figures += publish_time(
+            work, redis_url, label, model_dir, repeats=1 if quick else MODEL_PUBLISHES, report_size=True
+        )
         return figures
     finally:
         _stop(procs)
@@ -484,8 +623,9 @@ def save_batches(model_dir: Path, path: Path, num_prompts: int, count: int) -> N
     print(f"[bench] trainer: wrote {count} batches to {path} ({path.stat().st_size / 2**20:.1f} MB)", flush=True)
 
 
-def run_saved(model_dir: Path, path: Path, device: str, compute_dtype: str, rounds: int,
-              token_budget: int) -> list[Figure]:
+def run_saved(
+    model_dir: Path, path: Path, device: str, compute_dtype: str, rounds: int, token_budget: int
+) -> list[Figure]:
     """Learner vs bare loop on saved batches, both arms on ``device``. Needs torch, transformers, pydantic and
     prometheus_client only (no Redis, buffer or vLLM: their imports stay inside the functions that use them)."""
     from benchmarks import model_label
@@ -508,14 +648,20 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-batches", type=Path, metavar="FILE", help="with --model: write batches, then exit")
     parser.add_argument("--prompts", type=int, default=SAVE_PROMPTS, help="--save-batches: prompts per batch")
     parser.add_argument("--count", type=int, default=SAVE_COUNT, help="--save-batches: number of batches")
-    parser.add_argument("--batches", type=Path, metavar="FILE",
-                        help="with --model: learner vs bare loop on these saved batches only")
+    parser.add_argument(
+        "--batches", type=Path, metavar="FILE", help="with --model: learner vs bare loop on these saved batches only"
+    )
     parser.add_argument("--device", default="cpu", help="--batches: torch device of both arms (cpu, cuda, cuda:0)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                        help="--batches: compute dtype (autocast over fp32 master weights)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="--batches: compute dtype (autocast over fp32 master weights)",
+    )
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="--batches: timed passes over the batches")
-    parser.add_argument("--token-budget", type=int, default=16384,
-                        help="--batches: the Learner's padded tokens per micro-batch")
+    parser.add_argument(
+        "--token-budget", type=int, default=16384, help="--batches: the Learner's padded tokens per micro-batch"
+    )
     args = parser.parse_args(argv)
     if (args.save_batches or args.batches or args.quick) and not args.model:
         parser.error("--save-batches, --batches and --quick need --model")

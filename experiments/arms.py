@@ -38,9 +38,30 @@ class Arm:
     env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
 
     def command(self, seed: int, minutes: float, run_dir: Path, eval_prompts: int, keep_evaluated: bool) -> list[str]:
-        cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--no-report", "--searchers", str(self.searchers),
-               "--minutes", str(minutes), "--run-dir", str(run_dir), "--task", self.task, "--mode", self.mode,
-               "--loss", self.loss, "--seed", str(seed), "--eval-prompts", str(eval_prompts)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tba.cli",
+            "up",
+            "--no-console",
+            "--no-report",
+            "--searchers",
+            str(self.searchers),
+            "--minutes",
+            str(minutes),
+            "--run-dir",
+            str(run_dir),
+            "--task",
+            self.task,
+            "--mode",
+            self.mode,
+            "--loss",
+            self.loss,
+            "--seed",
+            str(seed),
+            "--eval-prompts",
+            str(eval_prompts),
+        ]
         if keep_evaluated:
             cmd.append("--keep-evaluated")
         if self.base_model is not None:
@@ -54,11 +75,13 @@ class Arm:
 
 def parse_args(argv: list[str] | None, name: str, doc: str | None, minutes: float = 10.0) -> argparse.Namespace:
     """The options every experiment takes: seeds, budget per run, where runs and results go."""
-    parser = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m experiments.{name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, default=3, help="Seeds per arm (default 3).")
-    parser.add_argument("--minutes", type=float, default=minutes,
-                        help=f"Wall-clock budget of each run (default {minutes:g}).")
+    parser.add_argument(
+        "--minutes", type=float, default=minutes, help=f"Wall-clock budget of each run (default {minutes:g})."
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/experiments") / name, help="Run directories.")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
     return parser.parse_args(argv)
@@ -82,8 +105,9 @@ def busy_fractions(before: list[tuple[int, int]], after: list[tuple[int, int]]) 
     return [round((b1 - b0) / max(1, t1 - t0), 3) for (b0, t0), (b1, t1) in zip(before, after, strict=True)]
 
 
-def run_arm(arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 200,
-            keep_evaluated: bool = False) -> dict:
+def run_arm(
+    arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 200, keep_evaluated: bool = False
+) -> dict:
     """One ``tba up`` run of ``arm`` with ``seed`` in ``out/<arm>/seed-<seed>``; its summary, with the CPUs'
     busy fractions over the run added (``cpu_busy``). ``keep_evaluated``: tba up --keep-evaluated."""
     run_dir = out / arm.name / f"seed-{seed}"
@@ -99,8 +123,9 @@ def run_arm(arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 
     print(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed}: {' '.join(cmd[2:])}", flush=True)
     before, started = cpu_times(), time.time()
     with (run_dir / "up.log").open("w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT,
-                       env={**os.environ, "TBA_TASK": arm.task, **arm.env})
+        subprocess.run(
+            cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TBA_TASK": arm.task, **arm.env}
+        )
     summary = json.loads(summary_path.read_text())
     summary["cpu_busy"] = busy_fractions(before, cpu_times())
     summary["arm"], summary["seed"], summary["started_at"], summary["minutes"] = arm.name, seed, started, minutes
@@ -128,14 +153,14 @@ def spread(values: Sequence[float | None], fmt: str = "{:.1f}", unit: str = "") 
     have = [v for v in values if v is not None]
     if not have:
         return f"not reached (0 of {len(values)})"
+
     def show(v: float) -> str:
         return fmt.format(v) + unit
 
     if len(have) == 1:
         text = show(have[0])
     else:
-        text = (f"{show(statistics.mean(have))} ± {show(statistics.stdev(have))} "
-                f"({show(min(have))}-{show(max(have))})")
+        text = f"{show(statistics.mean(have))} ± {show(statistics.stdev(have))} ({show(min(have))}-{show(max(have))})"
     return text + (f", reached by {len(have)} of {len(values)}" if len(have) < len(values) else f", n={len(have)}")
 
 
@@ -149,8 +174,9 @@ def ratio_spread(num: Sequence[float | None], den: Sequence[float | None]) -> st
     return f"{mean:.2f} (per seed {min(ratios):.2f}-{max(ratios):.2f}, {len(pairs)} pairs)"
 
 
-def plot_accuracy(runs: dict[str, list[dict]], path: Path, title: str, key: str = "accuracy",
-                  ylabel: str = "held-out greedy accuracy") -> None:
+def plot_accuracy(
+    runs: dict[str, list[dict]], path: Path, title: str, key: str = "accuracy", ylabel: str = "held-out greedy accuracy"
+) -> None:
     """Each arm's evaluations against wall-clock time: every seed faint, the mean over seeds on top."""
     import matplotlib
 

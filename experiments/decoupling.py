@@ -39,20 +39,24 @@ TARGETS = (0.5, 0.6, 0.7)
 PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1"}
 ARMS = [
     Arm("async-tb", mode="async", **PLACEMENT),
-    Arm("sync-tb", mode="sync", env={"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"},
-        **PLACEMENT),
+    Arm("sync-tb", mode="sync", env={"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"}, **PLACEMENT),
 ]
 
 
 def report(runs: dict[str, list[dict]], minutes: float, results: Path) -> None:
     seeds = len(next(iter(runs.values())))
-    lines = [f"# Claim (1): decoupling, {minutes:g} minutes per run, {seeds} seeds per arm", "",
-             "Searcher on CPU 0, trainer on CPU 1 in both arms; same SFT base; held-out greedy accuracy on 200 "
-             "prompts every 30 s. `python -m experiments.decoupling --seeds "
-             f"{seeds} --minutes {minutes:g}`. Spread: mean ± sd (min-max, n) over seeds.", "",
-             "| arm | " + " | ".join(f"time to {t:.0%} (s)" for t in TARGETS)
-             + " | accuracy at the end | trainer steps | CPU 0 busy | CPU 1 busy |",
-             "|---|" + "---|" * (len(TARGETS) + 4)]
+    lines = [
+        f"# Claim (1): decoupling, {minutes:g} minutes per run, {seeds} seeds per arm",
+        "",
+        "Searcher on CPU 0, trainer on CPU 1 in both arms; same SFT base; held-out greedy accuracy on 200 "
+        "prompts every 30 s. `python -m experiments.decoupling --seeds "
+        f"{seeds} --minutes {minutes:g}`. Spread: mean ± sd (min-max, n) over seeds.",
+        "",
+        "| arm | "
+        + " | ".join(f"time to {t:.0%} (s)" for t in TARGETS)
+        + " | accuracy at the end | trainer steps | CPU 0 busy | CPU 1 busy |",
+        "|---|" + "---|" * (len(TARGETS) + 4),
+    ]
     for name, summaries in runs.items():
         cells = [spread([time_to(s["evaluations"], t) for s in summaries], "{:.0f}") for t in TARGETS]
         cells.append(spread([100 * s["evaluations"][-1]["accuracy"] for s in summaries], unit="%"))
@@ -70,8 +74,10 @@ def report(runs: dict[str, list[dict]], minutes: float, results: Path) -> None:
         for s in summaries:
             ev = s["evaluations"]
             times = ", ".join(f"{time_to(ev, t):.0f}" if time_to(ev, t) is not None else "-" for t in TARGETS)
-            lines.append(f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps, "
-                         f"{ev[0]['accuracy']:.1%} → {ev[-1]['accuracy']:.1%}, {times}")
+            lines.append(
+                f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps, "
+                f"{ev[0]['accuracy']:.1%} → {ev[-1]['accuracy']:.1%}, {times}"
+            )
     lines += ["", "![accuracy against time](decoupling.png)"]
     write_markdown(results / "decoupling.md", lines)
     plot_accuracy(runs, results / "decoupling.png", "Decoupled (async) vs on-policy (sync) TB, separate cores")

@@ -40,8 +40,11 @@ def measure(model_dir: Path, samples: int = SAMPLES) -> dict:
     from tba.evaluate import evaluate_checkpoint
 
     r = evaluate_checkpoint(model_dir, TASK, n_prompts=1000, samples=samples, pass_k=(1,), threads=0)
-    return {"distinct_correct": r["distinct_correct"], "sampled_accuracy": r["pass_at_k"]["1"],
-            "greedy_accuracy": r["greedy_accuracy"]}
+    return {
+        "distinct_correct": r["distinct_correct"],
+        "sampled_accuracy": r["pass_at_k"]["1"],
+        "greedy_accuracy": r["greedy_accuracy"],
+    }
 
 
 def evaluated(summary: dict, run_dir: Path) -> list[tuple[float, Path]]:
@@ -56,8 +59,9 @@ def evaluated(summary: dict, run_dir: Path) -> list[tuple[float, Path]]:
 
 def analyse(runs: dict[str, list[dict]], out: Path) -> tuple[float, dict[str, list[dict]]]:
     """The matched accuracy level, and for every run its measures at the end and at that level."""
-    history = {name: [evaluated(s, out / name / f"seed-{s['seed']}") for s in summaries]
-               for name, summaries in runs.items()}
+    history = {
+        name: [evaluated(s, out / name / f"seed-{s['seed']}") for s in summaries] for name, summaries in runs.items()
+    }
     matched = min(max(acc for acc, _ in h) for hs in history.values() for h in hs)
     measures: dict[str, list[dict]] = {}
     for name, hs in history.items():
@@ -69,30 +73,40 @@ def analyse(runs: dict[str, list[dict]], out: Path) -> tuple[float, dict[str, li
     return matched, measures
 
 
-def report(runs: dict[str, list[dict]], matched: float, measures: dict[str, list[dict]], minutes: float,
-           results: Path) -> None:
+def report(
+    runs: dict[str, list[dict]], matched: float, measures: dict[str, list[dict]], minutes: float, results: Path
+) -> None:
     seeds = len(next(iter(runs.values())))
-    lines = [f"# Claim (2): diversity on `{TASK}`, {minutes:g} minutes per run, {seeds} seeds per arm", "",
-             f"`python -m experiments.diversity --seeds {seeds} --minutes {minutes:g}`. {SAMPLES} samples per "
-             "held-out prompt at temperature 0.7; spread: mean ± sd (min-max, n) over seeds. Matched accuracy: "
-             f"{matched:.1%} greedy, the highest level every run reached; each run's first checkpoint at that level.",
-             "", "| arm | distinct correct / prompt, end | sampled accuracy, end | distinct correct / prompt, matched "
-             "| sampled accuracy, matched | greedy accuracy, end |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Claim (2): diversity on `{TASK}`, {minutes:g} minutes per run, {seeds} seeds per arm",
+        "",
+        f"`python -m experiments.diversity --seeds {seeds} --minutes {minutes:g}`. {SAMPLES} samples per "
+        "held-out prompt at temperature 0.7; spread: mean ± sd (min-max, n) over seeds. Matched accuracy: "
+        f"{matched:.1%} greedy, the highest level every run reached; each run's first checkpoint at that level.",
+        "",
+        "| arm | distinct correct / prompt, end | sampled accuracy, end | distinct correct / prompt, matched "
+        "| sampled accuracy, matched | greedy accuracy, end |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, ms in measures.items():
-        cells = [spread([m["end"]["distinct_correct"] for m in ms], "{:.2f}"),
-                 spread([100 * m["end"]["sampled_accuracy"] for m in ms], unit="%"),
-                 spread([m["matched"]["distinct_correct"] for m in ms], "{:.2f}"),
-                 spread([100 * m["matched"]["sampled_accuracy"] for m in ms], unit="%"),
-                 spread([100 * m["end"]["greedy_accuracy"] for m in ms], unit="%")]
+        cells = [
+            spread([m["end"]["distinct_correct"] for m in ms], "{:.2f}"),
+            spread([100 * m["end"]["sampled_accuracy"] for m in ms], unit="%"),
+            spread([m["matched"]["distinct_correct"] for m in ms], "{:.2f}"),
+            spread([100 * m["matched"]["sampled_accuracy"] for m in ms], unit="%"),
+            spread([100 * m["end"]["greedy_accuracy"] for m in ms], unit="%"),
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Per run:", ""]
     for name, ms in measures.items():
         for s, m in zip(runs[name], ms, strict=True):
-            lines.append(f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps; matched at "
-                         f"{m['matched_at']}: {m['matched']['distinct_correct']:.2f} distinct, "
-                         f"{m['matched']['sampled_accuracy']:.1%} sampled; end: {m['end']['distinct_correct']:.2f} "
-                         f"distinct, {m['end']['sampled_accuracy']:.1%} sampled, "
-                         f"{m['end']['greedy_accuracy']:.1%} greedy")
+            lines.append(
+                f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps; matched at "
+                f"{m['matched_at']}: {m['matched']['distinct_correct']:.2f} distinct, "
+                f"{m['matched']['sampled_accuracy']:.1%} sampled; end: {m['end']['distinct_correct']:.2f} "
+                f"distinct, {m['end']['sampled_accuracy']:.1%} sampled, "
+                f"{m['end']['greedy_accuracy']:.1%} greedy"
+            )
     lines += ["", "![accuracy against time](diversity.png)"]
     write_markdown(results / "diversity.md", lines)
     plot_accuracy(runs, results / "diversity.png", f"{TASK}: async TB vs on-policy GRPO, separate cores")

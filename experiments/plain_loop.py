@@ -70,18 +70,27 @@ def main(argv: list[str] | None = None) -> int:
     while time.monotonic() < deadline:
         prompts = [next(stream) for _ in range(args.prompts)]
         prompt_ids = [encode_prompt(tokenizer, p.text) for p in prompts for _ in range(args.samples)]
-        completions = generate(policy, prompt_ids, max_new_tokens=args.max_new_tokens, eos_id=eos, pad_id=pad,
-                               temperature=args.temperature, seed=step)
+        completions = generate(
+            policy,
+            prompt_ids,
+            max_new_tokens=args.max_new_tokens,
+            eos_id=eos,
+            pad_id=pad,
+            temperature=args.temperature,
+            seed=step,
+        )
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-        rewards = [r for i, p in enumerate(prompts)
-                   for r in task.rewards(p, texts[i * args.samples:(i + 1) * args.samples])]
+        rewards = [
+            r for i, p in enumerate(prompts) for r in task.rewards(p, texts[i * args.samples : (i + 1) * args.samples])
+        ]
         with torch.no_grad():
             log_ref = sequence_logprobs(ref, prompt_ids, completions, args.temperature, pad)
         policy.train()
         log_pi = sequence_logprobs(policy, prompt_ids, completions, args.temperature, pad)
         index = torch.arange(args.prompts).repeat_interleave(args.samples)
-        out = tb_loss(LossInput(log_pi=log_pi, log_ref=log_ref, reward=torch.tensor(rewards), prompt_index=index),
-                      args.beta)
+        out = tb_loss(
+            LossInput(log_pi=log_pi, log_ref=log_ref, reward=torch.tensor(rewards), prompt_index=index), args.beta
+        )
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -92,9 +101,15 @@ def main(argv: list[str] | None = None) -> int:
             next_eval += args.eval_every
     evaluate(step)
     args.out.mkdir(parents=True, exist_ok=True)
-    summary = {"arm": "plain-loop", "task": args.task, "trainer_steps": step, "evaluations": evaluations,
-               "accuracy_start": evaluations[0]["accuracy"], "accuracy_end": evaluations[-1]["accuracy"],
-               "settings": {k: str(v) for k, v in vars(args).items()}}
+    summary = {
+        "arm": "plain-loop",
+        "task": args.task,
+        "trainer_steps": step,
+        "evaluations": evaluations,
+        "accuracy_start": evaluations[0]["accuracy"],
+        "accuracy_end": evaluations[-1]["accuracy"],
+        "settings": {k: str(v) for k, v in vars(args).items()},
+    }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -40,9 +40,22 @@ def arms(out: Path) -> list[Arm]:
     result = []
     for b in BUDGETS:
         options = {"successes_dir": str((out / f"search-x{b}" / "successes").resolve())}
-        result.append(Arm(f"search-x{b}", task="redteam", **PLACEMENT, base_model=str(base), env={
-            "TBA_MAX_BATCHES_PER_VERSION": str(b), "TBA_CHECKPOINT_EVERY": "32", "TBA_WARMUP_SAMPLES": "32",
-            "TBA_BETA_START": "0.05", "TBA_GLOBAL_CAPACITY": "20000", "TBA_TASK_OPTIONS": json.dumps(options)}))
+        result.append(
+            Arm(
+                f"search-x{b}",
+                task="redteam",
+                **PLACEMENT,
+                base_model=str(base),
+                env={
+                    "TBA_MAX_BATCHES_PER_VERSION": str(b),
+                    "TBA_CHECKPOINT_EVERY": "32",
+                    "TBA_WARMUP_SAMPLES": "32",
+                    "TBA_BETA_START": "0.05",
+                    "TBA_GLOBAL_CAPACITY": "20000",
+                    "TBA_TASK_OPTIONS": json.dumps(options),
+                },
+            )
+        )
     return result
 
 
@@ -68,50 +81,79 @@ def measure(summary: dict, run_dir: Path, successes_dir: Path) -> dict:
     checkpoints = run_dir / "checkpoints"  # a run that never trained left none: its policy is the base model
     end = policy(checkpoints if (checkpoints / "LATEST").exists() else Path(summary["base_model"]))
     start = summary["started_at"]
-    return {**found(successes_dir, start, start + summary["wall_seconds"] + 60),
-            "generated": summary["buffer"].get("samples_ingested", 0),
-            "sampled_success": end["pass_at_k"]["1"], "greedy_success": end["greedy_accuracy"],
-            "distinct_final": end["distinct_correct"],
-            "time_to_target": time_to(summary["evaluations"], TARGET)}
+    return {
+        **found(successes_dir, start, start + summary["wall_seconds"] + 60),
+        "generated": summary["buffer"].get("samples_ingested", 0),
+        "sampled_success": end["pass_at_k"]["1"],
+        "greedy_success": end["greedy_accuracy"],
+        "distinct_final": end["distinct_correct"],
+        "time_to_target": time_to(summary["evaluations"], TARGET),
+    }
 
 
-def report(runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: dict, minutes: float,
-           results: Path) -> None:
+def report(
+    runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: dict, minutes: float, results: Path
+) -> None:
     seeds = len(next(iter(runs.values())))
-    lines = [f"# Claim (3): search on a sparse reward, {minutes:g} minutes per run, {seeds} seeds per budget", "",
-             f"`python -m experiments.redteam --seeds {seeds} --minutes {minutes:g}`. Trainer on CPU 1 (a checkpoint "
-             "every 32 steps), searcher on CPU 0 generating at most N batches per policy version; TB, beta 0.05, a "
-             "global cap of 20,000 samples. Spread: mean ± sd (min-max, n) over seeds.", "",
-             "| search budget | samples generated | successes found | distinct successes found | policy success, "
-             f"sampled | policy success, greedy | distinct successes / prompt ({SAMPLES} samples) | time to "
-             f"{TARGET:.0%} greedy (s) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Claim (3): search on a sparse reward, {minutes:g} minutes per run, {seeds} seeds per budget",
+        "",
+        f"`python -m experiments.redteam --seeds {seeds} --minutes {minutes:g}`. Trainer on CPU 1 (a checkpoint "
+        "every 32 steps), searcher on CPU 0 generating at most N batches per policy version; TB, beta 0.05, a "
+        "global cap of 20,000 samples. Spread: mean ± sd (min-max, n) over seeds.",
+        "",
+        "| search budget | samples generated | successes found | distinct successes found | policy success, "
+        f"sampled | policy success, greedy | distinct successes / prompt ({SAMPLES} samples) | time to "
+        f"{TARGET:.0%} greedy (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, ms in measures.items():
-        cells = [spread([m["generated"] for m in ms], "{:.0f}"), spread([m["successes"] for m in ms], "{:.0f}"),
-                 spread([m["distinct"] for m in ms], "{:.0f}"),
-                 spread([100 * m["sampled_success"] for m in ms], unit="%"),
-                 spread([100 * m["greedy_success"] for m in ms], unit="%"),
-                 spread([m["distinct_final"] for m in ms], "{:.2f}"),
-                 spread([m["time_to_target"] for m in ms], "{:.0f}")]
+        cells = [
+            spread([m["generated"] for m in ms], "{:.0f}"),
+            spread([m["successes"] for m in ms], "{:.0f}"),
+            spread([m["distinct"] for m in ms], "{:.0f}"),
+            spread([100 * m["sampled_success"] for m in ms], unit="%"),
+            spread([100 * m["greedy_success"] for m in ms], unit="%"),
+            spread([m["distinct_final"] for m in ms], "{:.2f}"),
+            spread([m["time_to_target"] for m in ms], "{:.0f}"),
+        ]
         lines.append(f"| {name.replace('search-x', '')} batches / version | " + " | ".join(cells) + " |")
-    lines += ["", f"The base model: {base['pass_at_k']['1']:.2%} of its samples succeed ({SAMPLES} per held-out "
-              f"prompt), {base['greedy_accuracy']:.1%} greedy.", "", "Per run:", ""]
+    lines += [
+        "",
+        f"The base model: {base['pass_at_k']['1']:.2%} of its samples succeed ({SAMPLES} per held-out "
+        f"prompt), {base['greedy_accuracy']:.1%} greedy.",
+        "",
+        "Per run:",
+        "",
+    ]
     for name, ms in measures.items():
         for s, m in zip(runs[name], ms, strict=True):
-            lines.append(f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps, {m['generated']} samples, "
-                         f"{m['successes']} successes ({m['distinct']} distinct), policy {m['sampled_success']:.1%} "
-                         f"sampled / {m['greedy_success']:.1%} greedy")
+            lines.append(
+                f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps, {m['generated']} samples, "
+                f"{m['successes']} successes ({m['distinct']} distinct), policy {m['sampled_success']:.1%} "
+                f"sampled / {m['greedy_success']:.1%} greedy"
+            )
     lines += ["", "![greedy success rate against time](redteam.png)"]
     write_markdown(results / "redteam.md", lines)
-    plot_accuracy(runs, results / "redteam.png", "Red-teaming: search budget (batches per policy version)",
-                  ylabel="held-out greedy success rate")
+    plot_accuracy(
+        runs,
+        results / "redteam.png",
+        "Red-teaming: search budget (batches per policy version)",
+        ylabel="held-out greedy success rate",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, "redteam", __doc__, minutes=6.0)
     the_arms = arms(args.out)
     runs = run_interleaved(the_arms, args.seeds, args.minutes, args.out)
-    measures = {arm.name: [measure(s, args.out / arm.name / f"seed-{s['seed']}", args.out / arm.name / "successes")
-                           for s in runs[arm.name]] for arm in the_arms}
+    measures = {
+        arm.name: [
+            measure(s, args.out / arm.name / f"seed-{s['seed']}", args.out / arm.name / "successes")
+            for s in runs[arm.name]
+        ]
+        for arm in the_arms
+    }
     report(runs, measures, policy(Path(the_arms[0].base_model or "")), args.minutes, args.results)
     return 0
 

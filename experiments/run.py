@@ -24,8 +24,9 @@ EXPERIMENTS = {"decoupling": decoupling, "diversity": diversity, "redteam": redt
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3, help="Seeds per arm (default 3; 1 for a quick look).")
-    parser.add_argument("--only", nargs="*", choices=list(EXPERIMENTS), default=list(EXPERIMENTS),
-                        help="Run only these experiments.")
+    parser.add_argument(
+        "--only", nargs="*", choices=list(EXPERIMENTS), default=list(EXPERIMENTS), help="Run only these experiments."
+    )
     args = parser.parse_args(argv)
     for name in args.only:
         print(f"=== experiment {name} ===", flush=True)

@@ -142,8 +142,9 @@ class ChaosResult:
 
     def problems(self) -> list[str]:
         """Every fault not recovered from and every criterion missed (empty: the run passed)."""
-        return ([f"{f.kind} of {f.target}: {f.outcome}" for f in self.faults if not f.ok]
-                + [f"{name}: {c.detail}" for name, c in self.checks.items() if not c.ok])
+        return [f"{f.kind} of {f.target}: {f.outcome}" for f in self.faults if not f.ok] + [
+            f"{name}: {c.detail}" for name, c in self.checks.items() if not c.ok
+        ]
 
     @property
     def passed(self) -> bool:
@@ -184,6 +185,7 @@ def wait_for(what: str, probe: Callable[[], T], timeout: float, poll: float = 0.
 
 # --- watching the stream and the announcements ---------------------------------------------------------------
 
+
 @dataclass
 class Announcement:
     """A checkpoint announcement as the audit received it, and whether its checkpoint verified then."""
@@ -210,8 +212,10 @@ class Audit:
         self.announcements: list[Announcement] = []
         self.group_ready = threading.Event()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._follow_stream, name="audit-stream", daemon=True),
-                         threading.Thread(target=self._follow_announcements, name="audit-announce", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._follow_stream, name="audit-stream", daemon=True),
+            threading.Thread(target=self._follow_announcements, name="audit-announce", daemon=True),
+        ]
 
     def start(self) -> Audit:
         for thread in self._threads:
@@ -274,11 +278,13 @@ class Audit:
             error = None
         except CheckpointError as err:
             error = str(err)
-        self.announcements.append(Announcement(round(time.time() - self.t0, 1), manifest.version,
-                                               manifest.content_hash, error))
+        self.announcements.append(
+            Announcement(round(time.time() - self.t0, 1), manifest.version, manifest.content_hash, error)
+        )
 
 
 # --- the system under test ----------------------------------------------------------------------------------
+
 
 class System:
     """The ``tba up`` run, seen from outside: its summary, its processes, the status of its services."""
@@ -299,16 +305,35 @@ class System:
     def start(self, base_model: Path) -> System:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         env = {
-            **os.environ, "TBA_AUTH_TOKEN": self.token, "TBA_NAMESPACE": NAMESPACE,
+            **os.environ,
+            "TBA_AUTH_TOKEN": self.token,
+            "TBA_NAMESPACE": NAMESPACE,
             # Checkpoints stay on disk long enough to be verified when announced, and few enough to stay small.
-            "TBA_CHECKPOINT_GRACE_SECONDS": "15", "TBA_KEEP_CHECKPOINTS": "3",
+            "TBA_CHECKPOINT_GRACE_SECONDS": "15",
+            "TBA_KEEP_CHECKPOINTS": "3",
             # A paced searcher waits at most this long for a newer policy: while Redis is unreachable the
             # trainer, cut off from its samples, publishes nothing, and the searchers generate (and spill) anyway.
             "TBA_PACE_MAX_WAIT_SECONDS": "10",
         }
-        cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--searchers", str(self.config.searchers),
-               "--minutes", str(self.config.minutes), "--run-dir", str(self.run_dir), "--base-model", str(base_model),
-               "--eval-every", str(self.config.eval_every), "--eval-prompts", str(self.config.eval_prompts)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tba.cli",
+            "up",
+            "--no-console",
+            "--searchers",
+            str(self.config.searchers),
+            "--minutes",
+            str(self.config.minutes),
+            "--run-dir",
+            str(self.run_dir),
+            "--base-model",
+            str(base_model),
+            "--eval-every",
+            str(self.config.eval_every),
+            "--eval-prompts",
+            str(self.config.eval_prompts),
+        ]
         with (self.run_dir / "up.log").open("wb") as out:  # tba up's own lines
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.t0 = time.time()
@@ -345,8 +370,11 @@ class System:
     def left_running(self) -> list[str]:
         """Processes of the run still alive: those seen during it (the same pid and start time: pids are reused)
         and any whose command line or environment names the run directory."""
-        left = [f"{pid} {cmdline(pid)[:80]}" for pid, started in sorted(self.seen.items())
-                if alive(pid) and start_time(pid) == started]
+        left = [
+            f"{pid} {cmdline(pid)[:80]}"
+            for pid, started in sorted(self.seen.items())
+            if alive(pid) and start_time(pid) == started
+        ]
         return left + running_with(str(self.run_dir))
 
     def searchers(self) -> list[str]:
@@ -367,6 +395,7 @@ class System:
 
 # --- the faults ---------------------------------------------------------------------------------------------
 
+
 def kill(system: System, audit: Audit, fault: Fault) -> None:
     """SIGKILL of the part's service process; done once the supervisor has started it again."""
     part = fault.target
@@ -378,8 +407,9 @@ def kill(system: System, audit: Audit, fault: Fault) -> None:
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
     try:
-        wait_for(f"restarted {part}", lambda: (new := system.service_pid(part)) not in (None, pid) and new,
-                 RESTART_TIMEOUT)
+        wait_for(
+            f"restarted {part}", lambda: (new := system.service_pid(part)) not in (None, pid) and new, RESTART_TIMEOUT
+        )
     except TimeoutError as err:
         fault.outcome = str(err)
         return
@@ -393,8 +423,11 @@ def redis_unreachable(system: System, audit: Audit, fault: Fault) -> None:
     seconds = float(fault.figures["seconds"])
     pid = wait_for("running redis", lambda: system.service_pid("redis"), RESTART_TIMEOUT)
     # A searcher still loading its engine (restarted after a kill) generates nothing to spill: one generating is enough.
-    wait_for("a searcher generating", lambda: any((system.status(s) or {}).get("state") not in (None, "loading")
-                                                  for s in system.searchers()), RESTART_TIMEOUT)
+    wait_for(
+        "a searcher generating",
+        lambda: any((system.status(s) or {}).get("state") not in (None, "loading") for s in system.searchers()),
+        RESTART_TIMEOUT,
+    )
     before = {s: (system.status(s) or {}).get("spilled_total") for s in system.searchers()}
     fault.at = round(system.elapsed(), 1)
     os.kill(pid, signal.SIGSTOP)
@@ -404,8 +437,11 @@ def redis_unreachable(system: System, audit: Audit, fault: Fault) -> None:
     finally:
         os.kill(pid, signal.SIGCONT)
     resumed = time.monotonic()
-    spilled = {s: during[s].get("spilled_total", 0) - (before[s] or 0) for s in during
-               if before[s] is not None and during[s].get("spilled_total") is not None}
+    spilled = {
+        s: during[s].get("spilled_total", 0) - (before[s] or 0)
+        for s in during
+        if before[s] is not None and during[s].get("spilled_total") is not None
+    }
     fault.figures.update(spilled_groups=spilled, redis_down_seen=[s for s in during if during[s].get("redis_up") == 0])
 
     def drained() -> bool:
@@ -420,8 +456,10 @@ def redis_unreachable(system: System, audit: Audit, fault: Fault) -> None:
     fault.figures["drained_after_s"] = round(time.monotonic() - resumed, 1)
     fault.ok = sum(spilled.values()) > 0
     each = ", ".join(f"{k} {v}" for k, v in spilled.items())
-    fault.outcome = (f"searchers spilled {sum(spilled.values())} groups ({each}), every spill queue drained "
-                     f"{fault.figures['drained_after_s']} s after Redis came back")
+    fault.outcome = (
+        f"searchers spilled {sum(spilled.values())} groups ({each}), every spill queue drained "
+        f"{fault.figures['drained_after_s']} s after Redis came back"
+    )
     if not fault.ok:
         fault.outcome = "no searcher spilled anything while Redis was unreachable (nothing generated?)"
 
@@ -464,30 +502,43 @@ def checkpoint_volume_full(system: System, audit: Audit, fault: Fault) -> None:
         kept_ok = False
     # The reason closes each line's parenthesis: "File too large (os error 27)" from safetensors, torch's own words.
     reasons = Counter(line.rsplit(": ", 1)[-1].split(");")[0] for line in said)
-    fault.figures.update(limit_bytes=limit, largest_file_bytes=largest, failed_writes=len(said),
-                         reasons=dict(reasons), kept=kept and kept.version,
-                         steps_meanwhile=(step_after or 0) - (step_before or 0))
+    fault.figures.update(
+        limit_bytes=limit,
+        largest_file_bytes=largest,
+        failed_writes=len(said),
+        reasons=dict(reasons),
+        kept=kept and kept.version,
+        steps_meanwhile=(step_after or 0) - (step_before or 0),
+    )
     try:
-        wait_for("a checkpoint published after the volume had room again",
-                 lambda: audit.newest_version() > (kept.version if kept else 0), 120)
+        wait_for(
+            "a checkpoint published after the volume had room again",
+            lambda: audit.newest_version() > (kept.version if kept else 0),
+            120,
+        )
     except TimeoutError as err:
         fault.outcome = f"{len(said)} failed writes; {err}"
         return
     fault.figures["published_again_after_s"] = round(time.monotonic() - lifted, 1)
     fault.ok = bool(said) and kept_ok and fault.figures["steps_meanwhile"] > 0
-    fault.outcome = (f"trainer logged {len(said)} failed checkpoint writes (e.g. \"{reasons.most_common(1)[0][0]}\") "
-                     f"and trained on "
-                     f"({fault.figures['steps_meanwhile']} steps); v{fault.figures['kept']} stayed LATEST and "
-                     f"{'verified' if kept_ok else 'did NOT verify'}; next checkpoint "
-                     f"{fault.figures['published_again_after_s']} s after the writes worked again")
+    fault.outcome = (
+        f'trainer logged {len(said)} failed checkpoint writes (e.g. "{reasons.most_common(1)[0][0]}") '
+        f"and trained on "
+        f"({fault.figures['steps_meanwhile']} steps); v{fault.figures['kept']} stayed LATEST and "
+        f"{'verified' if kept_ok else 'did NOT verify'}; next checkpoint "
+        f"{fault.figures['published_again_after_s']} s after the writes worked again"
+    )
 
 
 FAULTS: dict[str, Callable[[System, Audit, Fault], None]] = {
-    "kill": kill, "redis unreachable": redis_unreachable, "checkpoint volume full": checkpoint_volume_full,
+    "kill": kill,
+    "redis unreachable": redis_unreachable,
+    "checkpoint volume full": checkpoint_volume_full,
 }
 
 
 # --- after the run: what Redis kept ---------------------------------------------------------------------------
+
 
 @dataclass
 class Kept:
@@ -524,14 +575,19 @@ def read_kept(redis_dir: Path) -> Kept:
             buffer_group = groups.get(keys.ingest_group, {})
             stats = {k.decode(): int(float(v)) for k, v in client.hgetall(keys.global_key("stats")).items()}
             return Kept(
-                stream_ids=ids, entries_added=int(info["entries-added"]),
-                stored_ids={m.decode() for m in client.zrange(keys.global_key("groups"), 0, -1)}, stats=stats,
-                pending=int(buffer_group.get("pending", -1)), undelivered=int(buffer_group.get("lag") or 0))
+                stream_ids=ids,
+                entries_added=int(info["entries-added"]),
+                stored_ids={m.decode() for m in client.zrange(keys.global_key("groups"), 0, -1)},
+                stats=stats,
+                pending=int(buffer_group.get("pending", -1)),
+                undelivered=int(buffer_group.get("lag") or 0),
+            )
         finally:
             server.stop()
 
 
 # --- the checks -----------------------------------------------------------------------------------------------
+
 
 def check_published_stored(kept: Kept, audit: Audit, run_dir: Path) -> Check:
     published = set(kept.stream_ids) | audit.seen
@@ -543,23 +599,33 @@ def check_published_stored(kept: Kept, audit: Audit, run_dir: Path) -> Check:
     s = kept.stats
     problems = []
     if published != stored:
-        problems.append(f"{len(published - stored)} published but not stored, {len(stored - published)} stored but "
-                        f"never published (e.g. {sorted(published ^ stored)[:3]})")
+        problems.append(
+            f"{len(published - stored)} published but not stored, {len(stored - published)} stored but "
+            f"never published (e.g. {sorted(published ^ stored)[:3]})"
+        )
     if lost_by_redis:
         problems.append(f"{len(lost_by_redis)} seen on the stream during the run but missing from its AOF")
     if kept.entries_added != len(kept.stream_ids):
-        problems.append(f"the stream was trimmed ({kept.entries_added} entries added, {len(kept.stream_ids)} kept): "
-                        "the audit group came too late, the count is incomplete")
+        problems.append(
+            f"the stream was trimmed ({kept.entries_added} entries added, {len(kept.stream_ids)} kept): "
+            "the audit group came too late, the count is incomplete"
+        )
     if s.get("groups_ingested") != len(kept.stream_ids) or s.get("groups_duplicate") != resent:
-        problems.append(f"ingested {s.get('groups_ingested')} of {len(kept.stream_ids)} entries, "
-                        f"{s.get('groups_duplicate')} counted duplicate of {resent} resent")
+        problems.append(
+            f"ingested {s.get('groups_ingested')} of {len(kept.stream_ids)} entries, "
+            f"{s.get('groups_duplicate')} counted duplicate of {resent} resent"
+        )
     if s.get("dead_letters") or kept.pending or kept.undelivered:
         problems.append(f"{s.get('dead_letters')} dead letters, {kept.pending} pending, {kept.undelivered} never read")
     if spilled or bad or audit.undecodable:
-        problems.append(f"left in spill queues: {spilled[:3]} ({len(spilled)}), quarantined: {bad[:3]}, "
-                        f"undecodable entries: {audit.undecodable}")
-    detail = (f"{len(published)} group ids published, {len(stored)} stored; {len(kept.stream_ids)} stream entries "
-              f"({resent} resent, stored once); {s.get('dead_letters', 0)} dead letters; spill queues empty")
+        problems.append(
+            f"left in spill queues: {spilled[:3]} ({len(spilled)}), quarantined: {bad[:3]}, "
+            f"undecodable entries: {audit.undecodable}"
+        )
+    detail = (
+        f"{len(published)} group ids published, {len(stored)} stored; {len(kept.stream_ids)} stream entries "
+        f"({resent} resent, stored once); {s.get('dead_letters', 0)} dead letters; spill queues empty"
+    )
     return Check(not problems, "; ".join(problems) if problems else detail)
 
 
@@ -576,8 +642,10 @@ def check_versions(audit: Audit) -> Check:
     if len({a.version for a in announced}) < 3:
         problems.append(f"only {len(announced)} announcements")
     versions = [a.version for a in announced]
-    detail = (f"{len(announced)} announcements of {len(set(versions))} versions "
-              f"(v{min(versions, default=0)} to v{max(versions, default=0)}), each verified complete on arrival")
+    detail = (
+        f"{len(announced)} announcements of {len(set(versions))} versions "
+        f"(v{min(versions, default=0)} to v{max(versions, default=0)}), each verified complete on arrival"
+    )
     return Check(not problems, "; ".join(problems[:5]) if problems else detail)
 
 
@@ -615,10 +683,12 @@ def check_accuracy(summary: dict[str, Any]) -> Check:
 
 def calm(system: System, audit: Audit) -> Check:
     """Once every part is back, each searcher must reach the version newest at that moment."""
+
     def every_part_back() -> bool:
         statuses = [system.status(p) for p in [*system.searchers(), "trainer"]]
-        return (all(system.service_pid(p) for p in system.config.parts)
-                and all(st is not None and st.get("state") not in (None, "starting", "loading") for st in statuses))
+        return all(system.service_pid(p) for p in system.config.parts) and all(
+            st is not None and st.get("state") not in (None, "starting", "loading") for st in statuses
+        )
 
     deadline = system.t0 + system.config.minutes * 60 - 5
     try:
@@ -641,6 +711,7 @@ def calm(system: System, audit: Audit) -> Check:
 
 
 # --- the run ------------------------------------------------------------------------------------------------
+
 
 def progress(line: str) -> None:
     print(line, flush=True)
@@ -686,8 +757,10 @@ def run_chaos(config: ChaosConfig, run_dir: Path, say: Callable[[str], None] = p
         system.stop()
     assert system.proc is not None and audit is not None
     summary = system.summary()
-    checks["clean_exit"] = Check(system.proc.returncode == 0 and summary.get("state") == "complete",
-                                 f"tba up exited with {system.proc.returncode}, summary state {summary.get('state')}")
+    checks["clean_exit"] = Check(
+        system.proc.returncode == 0 and summary.get("state") == "complete",
+        f"tba up exited with {system.proc.returncode}, summary state {summary.get('state')}",
+    )
     deadline = time.monotonic() + 15  # the guards' grace period, and then some
     while time.monotonic() < deadline and system.left_running():
         time.sleep(0.5)
@@ -738,7 +811,8 @@ def markdown(result: ChaosResult) -> str:
         f"{s.get('trainer_steps')}, versions published: {len(s.get('versions_published') or [])}, restarts: "
         f"{s.get('restarts')}. How each fault is made and each criterion counted: `reliability/chaos.py`.\n\n"
         f"**{'All criteria passed' if result.passed else 'FAILED'}** ({result.wall_seconds:.0f} s in all).\n\n"
-        + table(["fault", "times", "outcome", "figures"], rows) + "\n"
+        + table(["fault", "times", "outcome", "figures"], rows)
+        + "\n"
         + table(["pass criterion", "result", "figures"], checks)
     )
 
@@ -748,22 +822,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=ChaosConfig.minutes, help="Length of the run.")
     parser.add_argument("--kills", type=int, default=ChaosConfig.kills, help="SIGKILLs of each part.")
     parser.add_argument("--seed", type=int, default=ChaosConfig.seed, help="Order and moments of the faults.")
-    parser.add_argument("--outage", type=float, default=ChaosConfig.outage_seconds,
-                        help="Seconds Redis is unreachable (0: not tried).")
-    parser.add_argument("--disk-full", type=float, default=ChaosConfig.disk_full_seconds,
-                        help="Seconds the checkpoint volume is full (0: not tried).")
-    parser.add_argument("--calm", type=float, default=ChaosConfig.calm_seconds,
-                        help="Seconds without faults at the end.")
+    parser.add_argument(
+        "--outage", type=float, default=ChaosConfig.outage_seconds, help="Seconds Redis is unreachable (0: not tried)."
+    )
+    parser.add_argument(
+        "--disk-full",
+        type=float,
+        default=ChaosConfig.disk_full_seconds,
+        help="Seconds the checkpoint volume is full (0: not tried).",
+    )
+    parser.add_argument(
+        "--calm", type=float, default=ChaosConfig.calm_seconds, help="Seconds without faults at the end."
+    )
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default runs/chaos-<timestamp>).")
     parser.add_argument("--no-report", action="store_true", help="Do not write the chaos section of RELIABILITY.md.")
     args = parser.parse_args(argv)
-    config = ChaosConfig(minutes=args.minutes, kills=args.kills, seed=args.seed, outage_seconds=args.outage,
-                         disk_full_seconds=args.disk_full, calm_seconds=args.calm)
+    config = ChaosConfig(
+        minutes=args.minutes,
+        kills=args.kills,
+        seed=args.seed,
+        outage_seconds=args.outage,
+        disk_full_seconds=args.disk_full,
+        calm_seconds=args.calm,
+    )
     run_dir = (args.run_dir or ROOT / "runs" / time.strftime("chaos-%Y%m%d-%H%M%S")).resolve()
     result = run_chaos(config, run_dir)
     print(f"chaos: run directory {run_dir}")
-    return finish("chaos", markdown(result), result.problems(), sys.argv[1:] if argv is None else argv,
-                  write=not args.no_report)
+    return finish(
+        "chaos", markdown(result), result.problems(), sys.argv[1:] if argv is None else argv, write=not args.no_report
+    )
 
 
 if __name__ == "__main__":

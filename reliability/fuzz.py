@@ -58,6 +58,7 @@ MAX_PAYLOAD_BYTES = 1 << 20
 
 # --- 1. schemathesis against the OpenAPI document ---
 
+
 @dataclass
 class Failure:
     """One distinct failure: a check that failed on one operation, with the first case that showed it."""
@@ -114,8 +115,9 @@ def harness_document(openapi: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def run_schemathesis(buffer: BufferProcess, workdir: Path, max_examples: int, seed: int | None,
-                     timeout: float) -> SchemathesisResult:
+def run_schemathesis(
+    buffer: BufferProcess, workdir: Path, max_examples: int, seed: int | None, timeout: float
+) -> SchemathesisResult:
     """Run the schemathesis CLI against ``buffer`` and read its JSON and NDJSON reports."""
     workdir = workdir.resolve()  # the CLI runs in it: every path handed to it must be absolute
     workdir.mkdir(parents=True, exist_ok=True)
@@ -123,13 +125,39 @@ def run_schemathesis(buffer: BufferProcess, workdir: Path, max_examples: int, se
     openapi = httpx.get(f"{buffer.url}/openapi.json", timeout=10).raise_for_status().json()
     spec.write_text(json.dumps(harness_document(openapi), indent=1))
     report_dir = workdir / "schemathesis"
-    cmd = [sys.executable, "-m", "schemathesis.cli", "run", str(spec), "--url", buffer.url,
-           "-H", f"Authorization: Bearer {buffer.token}", "-H", f"Accept: {JSON_MEDIA_TYPE}",
-           "--checks", "all", "--max-examples", str(max_examples), "--continue-on-failure",
-           "--workers", "1", "--request-timeout", "30", "--generation-database", "none",
-           "--report", "json,ndjson", "--report-dir", str(report_dir), "--report-json-path",
-           str(report_dir / "run.json"), "--report-ndjson-path", str(report_dir / "events.ndjson"),
-           "--no-color"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        str(spec),
+        "--url",
+        buffer.url,
+        "-H",
+        f"Authorization: Bearer {buffer.token}",
+        "-H",
+        f"Accept: {JSON_MEDIA_TYPE}",
+        "--checks",
+        "all",
+        "--max-examples",
+        str(max_examples),
+        "--continue-on-failure",
+        "--workers",
+        "1",
+        "--request-timeout",
+        "30",
+        "--generation-database",
+        "none",
+        "--report",
+        "json,ndjson",
+        "--report-dir",
+        str(report_dir),
+        "--report-json-path",
+        str(report_dir / "run.json"),
+        "--report-ndjson-path",
+        str(report_dir / "events.ndjson"),
+        "--no-color",
+    ]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     t0 = time.monotonic()
@@ -145,9 +173,18 @@ def run_schemathesis(buffer: BufferProcess, workdir: Path, max_examples: int, se
     responses, failures, errors = read_events(report_dir / "events.ndjson", buffer.url)
     errors += [json.dumps(e)[:500] for e in run.get("errors", [])]
     documented = {f"{method.upper()} {path}" for path, ops in openapi["paths"].items() for method in ops}
-    return SchemathesisResult(version=run["schemathesis_version"], seed=run.get("seed"), max_examples=max_examples,
-                              documented=documented, cases=run["test_cases"]["generated"], responses=responses,
-                              failures=failures, errors=errors, seconds=seconds, report_dir=report_dir)
+    return SchemathesisResult(
+        version=run["schemathesis_version"],
+        seed=run.get("seed"),
+        max_examples=max_examples,
+        documented=documented,
+        cases=run["test_cases"]["generated"],
+        responses=responses,
+        failures=failures,
+        errors=errors,
+        seconds=seconds,
+        report_dir=report_dir,
+    )
 
 
 def read_events(path: Path, base_url: str) -> tuple[dict[str, Counter[int]], list[Failure], list[str]]:
@@ -184,10 +221,15 @@ def read_events(path: Path, base_url: str) -> tuple[dict[str, Counter[int]], lis
                         continue
                     interaction = recorder.get("interactions", {}).get(case_id) or {}
                     failures[key] = Failure(
-                        operation=operation, check=check["name"], code=failure.get("code", ""),
-                        title=failure.get("title", ""), message=failure.get("message", "")[:600], count=1,
+                        operation=operation,
+                        check=check["name"],
+                        code=failure.get("code", ""),
+                        title=failure.get("title", ""),
+                        message=failure.get("message", "")[:600],
+                        count=1,
                         answer=answer(interaction.get("response")),
-                        reproducer=curl(interaction["request"], base_url) if interaction else "")
+                        reproducer=curl(interaction["request"], base_url) if interaction else "",
+                    )
     return responses, sorted(failures.values(), key=lambda f: (f.operation, f.check)), errors
 
 
@@ -204,8 +246,14 @@ def curl(request: dict[str, Any], base_url: str) -> str:
     """A curl command that sends the recorded request again (the token from ``$TBA_AUTH_TOKEN``)."""
     parts = ["curl", "-sS", "-X", request["method"]]
     for name, values in request.get("headers", {}).items():
-        if name.lower() in ("authorization", "user-agent", "accept-encoding", "connection", "content-length",
-                            "x-schemathesis-testcaseid"):
+        if name.lower() in (
+            "authorization",
+            "user-agent",
+            "accept-encoding",
+            "connection",
+            "content-length",
+            "x-schemathesis-testcaseid",
+        ):
             continue
         parts += ["-H", f"{name}: {values[0]}"]
     cmd = " ".join(shlex.quote(p) for p in parts)
@@ -219,11 +267,12 @@ def curl(request: dict[str, Any], base_url: str) -> str:
         cmd += " --data-binary " + shlex.quote(shown)
     url = request["uri"]
     if url.startswith(base_url):
-        url = "$BUFFER_URL" + url[len(base_url):]
+        url = "$BUFFER_URL" + url[len(base_url) :]
     return cmd + f' "{url}"'
 
 
 # --- 2. poison entries on the trajectory stream ---
+
 
 @dataclass(frozen=True)
 class Poison:
@@ -235,14 +284,17 @@ class Poison:
 
 
 def _valid(seq: int) -> dict[str, Any]:
-    return group_dict(group_id=f"valid-{seq}-{uuid.uuid4().hex}", prompt_id=f"valid-{seq}",
-                      completions=[[seq + 10, 1], [seq + 10, 2]], rewards=[0.0, 1.0])
+    return group_dict(
+        group_id=f"valid-{seq}-{uuid.uuid4().hex}",
+        prompt_id=f"valid-{seq}",
+        completions=[[seq + 10, 1], [seq + 10, 2]],
+        rewards=[0.0, 1.0],
+    )
 
 
 def _bad(change: Callable[[dict[str, Any]], object]) -> dict[str, bytes]:
     """A valid group's entry with one thing broken by ``change`` (which edits the group dict in place)."""
-    group = group_dict(group_id=uuid.uuid4().hex, prompt_id="poison", completions=[[5, 6], [5, 7]],
-                       rewards=[0.0, 1.0])
+    group = group_dict(group_id=uuid.uuid4().hex, prompt_id="poison", completions=[[5, 6], [5, 7]], rewards=[0.0, 1.0])
     change(group)
     return {STREAM_FIELD: msgpack.packb(group, use_bin_type=True)}
 
@@ -256,6 +308,7 @@ def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
         node[last] = value
+
     return change
 
 
@@ -263,6 +316,7 @@ def _drop(*names: str) -> Callable[[dict[str, Any]], None]:
     def change(group: dict[str, Any]) -> None:
         for name in names:
             del group[name]
+
     return change
 
 
@@ -336,8 +390,9 @@ class PoisonResult:
         return sum(o.sent for o in self.outcomes)
 
 
-def run_poison(buffer: BufferProcess, redis_url: str, repeats: int, namespace: str = "tba",
-               timeout: float = 120.0) -> PoisonResult:
+def run_poison(
+    buffer: BufferProcess, redis_url: str, repeats: int, namespace: str = "tba", timeout: float = 120.0
+) -> PoisonResult:
     """XADD every poison entry ``repeats`` times, each followed by a valid group, then read what became of them.
 
     Must run on a buffer whose dead-letter stream is empty and that nothing else writes to meanwhile:
@@ -366,11 +421,14 @@ def run_poison(buffer: BufferProcess, redis_url: str, repeats: int, namespace: s
             break
         time.sleep(0.1)
     drain = time.monotonic() - t_first  # the buffer ingests while the entries are being added
-    result = PoisonResult(outcomes=outcomes, valid_sent=valid_sent, valid_samples_sent=2 * valid_sent, stats=stats,
-                          drain_seconds=drain)
+    result = PoisonResult(
+        outcomes=outcomes, valid_sent=valid_sent, valid_samples_sent=2 * valid_sent, stats=stats, drain_seconds=drain
+    )
     if stats["groups_ingested"] < expected_groups:
-        result.problems.append(f"ingest stalled: {stats['groups_ingested'] - before['groups_ingested']} of "
-                               f"{expected_groups - before['groups_ingested']} entries handled in {timeout:.0f} s")
+        result.problems.append(
+            f"ingest stalled: {stats['groups_ingested'] - before['groups_ingested']} of "
+            f"{expected_groups - before['groups_ingested']} entries handled in {timeout:.0f} s"
+        )
     for _, letter in client.xrange(keys.dead_letters):
         entry = letter[b"entry"]
         i = kind_of.pop(entry, None)
@@ -387,8 +445,10 @@ def run_poison(buffer: BufferProcess, redis_url: str, repeats: int, namespace: s
             outcome.wrong_reason = outcome.wrong_reason or reason
     for poison, outcome in zip(catalogue, outcomes, strict=True):
         if outcome.wrong_reason:
-            result.problems.append(f"{outcome.name}: {outcome.dead_lettered - outcome.with_reason} reasons do not "
-                                   f"name {poison.reason!r} or stop after it, e.g. {outcome.wrong_reason[:200]!r}")
+            result.problems.append(
+                f"{outcome.name}: {outcome.dead_lettered - outcome.with_reason} reasons do not "
+                f"name {poison.reason!r} or stop after it, e.g. {outcome.wrong_reason[:200]!r}"
+            )
     for entry, i in kind_of.items():
         result.problems.append(f"{outcomes[i].name}: entry {entry.decode()} was not dead-lettered")
     counted = stats["dead_letters"] - before["dead_letters"]
@@ -396,8 +456,10 @@ def run_poison(buffer: BufferProcess, redis_url: str, repeats: int, namespace: s
         result.problems.append(f"/v1/stats counts {counted} dead letters; {result.poison_sent} poison entries sent")
     stored = stats["groups_stored"] - before["groups_stored"]
     if stored != valid_sent or stats["samples"] - before["samples"] != result.valid_samples_sent:
-        result.problems.append(f"{stored} of {valid_sent} valid groups stored "
-                               f"({stats['samples'] - before['samples']} of {result.valid_samples_sent} samples)")
+        result.problems.append(
+            f"{stored} of {valid_sent} valid groups stored "
+            f"({stats['samples'] - before['samples']} of {result.valid_samples_sent} samples)"
+        )
     if client.xpending(keys.trajectories, keys.ingest_group)["pending"]:
         result.problems.append("entries are still pending on the trajectory stream")
     if not stats["ingest"]["healthy"]:
@@ -407,6 +469,7 @@ def run_poison(buffer: BufferProcess, redis_url: str, repeats: int, namespace: s
 
 
 # --- the run ---
+
 
 @dataclass
 class FuzzResult:
@@ -420,8 +483,11 @@ class FuzzResult:
         """Every way the run missed its pass criteria (empty: it passed)."""
         st = self.schemathesis
         out = [f"{st.server_errors} responses with a 5xx status"] if st.server_errors else []
-        out += [f"{f.check} ({f.code} {f.title}) on {f.operation}, {f.count} cases; answer {f.answer!r}; "
-                f"reproducer: {f.reproducer}" for f in st.failures]
+        out += [
+            f"{f.check} ({f.code} {f.title}) on {f.operation}, {f.count} cases; answer {f.answer!r}; "
+            f"reproducer: {f.reproducer}"
+            for f in st.failures
+        ]
         out += [f"no answer: {e}" for e in st.errors]
         if st.cases < self.min_cases:
             out.append(f"only {st.cases} cases generated, fewer than {self.min_cases}")
@@ -435,19 +501,38 @@ class FuzzResult:
 
 def seed_buffer(buffer: BufferProcess, prompts: int = 64) -> None:
     """Groups over a few versions, so that schemathesis's sample requests can get 200s and not only 409s."""
-    with httpx.Client(base_url=buffer.url, headers={**buffer.headers, "Content-Type": "application/msgpack"},
-                      timeout=10) as http:
+    with httpx.Client(
+        base_url=buffer.url, headers={**buffer.headers, "Content-Type": "application/msgpack"}, timeout=10
+    ) as http:
         for i in range(prompts):
-            group = group_dict(group_id=f"seed-{i}", prompt_id=f"seed-{i}", version=i % 4,
-                               completions=[[i + 1, k + 1] for k in range(4)], rewards=[0.0, 0.5, 1.0, 1.5])
+            group = group_dict(
+                group_id=f"seed-{i}",
+                prompt_id=f"seed-{i}",
+                version=i % 4,
+                completions=[[i + 1, k + 1] for k in range(4)],
+                rewards=[0.0, 0.5, 1.0, 1.5],
+            )
             http.post("/v1/groups", content=pack(group)).raise_for_status()
 
 
-def fuzz(redis_url: str, workdir: Path, max_examples: int, min_cases: int, poison_repeats: int,
-         seed: int | None = None, schemathesis_timeout: float = 3600.0) -> FuzzResult:
+def fuzz(
+    redis_url: str,
+    workdir: Path,
+    max_examples: int,
+    min_cases: int,
+    poison_repeats: int,
+    seed: int | None = None,
+    schemathesis_timeout: float = 3600.0,
+) -> FuzzResult:
     """The whole suite against a fresh buffer on ``redis_url`` (an empty Redis of the caller's)."""
-    buffer = BufferProcess(redis_url, workdir / "buffer.log", token=secrets.token_hex(16), consumer_name="fuzz",
-                           max_payload_bytes=MAX_PAYLOAD_BYTES, ingest_block_ms=50).start()
+    buffer = BufferProcess(
+        redis_url,
+        workdir / "buffer.log",
+        token=secrets.token_hex(16),
+        consumer_name="fuzz",
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
+        ingest_block_ms=50,
+    ).start()
     try:
         # Poison first, on an empty dead-letter stream; schemathesis may add valid groups of its own after.
         poison = run_poison(buffer, redis_url, poison_repeats)
@@ -456,8 +541,9 @@ def fuzz(redis_url: str, workdir: Path, max_examples: int, min_cases: int, poiso
         ready = buffer.alive() and buffer.ready()
     finally:
         stopped = buffer.stop()
-    return FuzzResult(schemathesis=st, poison=poison, buffer_ready_after=ready, buffer_stopped_cleanly=stopped,
-                      min_cases=min_cases)
+    return FuzzResult(
+        schemathesis=st, poison=poison, buffer_ready_after=ready, buffer_stopped_cleanly=stopped, min_cases=min_cases
+    )
 
 
 def render(result: FuzzResult) -> str:
@@ -465,16 +551,23 @@ def render(result: FuzzResult) -> str:
     st, po = result.schemathesis, result.poison
     problems = result.problems()
     all_stored = not any("valid groups stored" in p for p in po.problems)
-    lines = [f"**{'PASS' if not problems else 'FAIL'}**: {st.cases} schemathesis cases, {st.server_errors} × 5xx, "
-             f"{len(st.failures)} distinct check failures; {po.poison_sent} poison stream entries, "
-             f"{sum(o.with_reason for o in po.outcomes)} dead-lettered with a reason naming the problem; "
-             f"{po.valid_sent} valid groups sent between them, {'all' if all_stored else 'NOT all'} stored."]
-    lines += ["", "### HTTP API (schemathesis)", "",
-              f"schemathesis {st.version}, seed {st.seed}, every phase, `--checks all`, up to {st.max_examples} "
-              f"examples per operation and phase, bearer token, `Accept: application/json`, JSON request bodies, "
-              f"groups of the run's objective (`harness_document`); "
-              f"{st.cases} cases in {st.seconds:.0f} s against a real `tba buffer` on a real Redis "
-              f"(AOF), seeded with 64 groups so that `/v1/sample` can answer 200.", ""]
+    lines = [
+        f"**{'PASS' if not problems else 'FAIL'}**: {st.cases} schemathesis cases, {st.server_errors} × 5xx, "
+        f"{len(st.failures)} distinct check failures; {po.poison_sent} poison stream entries, "
+        f"{sum(o.with_reason for o in po.outcomes)} dead-lettered with a reason naming the problem; "
+        f"{po.valid_sent} valid groups sent between them, {'all' if all_stored else 'NOT all'} stored."
+    ]
+    lines += [
+        "",
+        "### HTTP API (schemathesis)",
+        "",
+        f"schemathesis {st.version}, seed {st.seed}, every phase, `--checks all`, up to {st.max_examples} "
+        f"examples per operation and phase, bearer token, `Accept: application/json`, JSON request bodies, "
+        f"groups of the run's objective (`harness_document`); "
+        f"{st.cases} cases in {st.seconds:.0f} s against a real `tba buffer` on a real Redis "
+        f"(AOF), seeded with 64 groups so that `/v1/sample` can answer 200.",
+        "",
+    ]
     rows = []
     other: Counter[int] = Counter()  # methods the document does not list (the unsupported_method check)
     for operation, codes in sorted(st.responses.items()):
@@ -487,23 +580,37 @@ def render(result: FuzzResult) -> str:
     lines.append(table(["operation", "responses", "by status", "5xx"], rows))
     if st.failures:
         lines += ["Check failures (each distinct failure once, with the first case that showed it):", ""]
-        lines.append(table(["operation", "check", "failure", "cases", "answer", "reproducer"], [
-            [f"`{f.operation}`", f.check, f"{f.code} {f.title}", f.count, _cell(f.answer), _cell(f.reproducer)]
-            for f in st.failures]))
+        lines.append(
+            table(
+                ["operation", "check", "failure", "cases", "answer", "reproducer"],
+                [
+                    [f"`{f.operation}`", f.check, f"{f.code} {f.title}", f.count, _cell(f.answer), _cell(f.reproducer)]
+                    for f in st.failures
+                ],
+            )
+        )
     else:
         lines += ["No check failed.", ""]
     if st.errors:
         lines += ["Requests without an answer:", ""] + [f"- {e}" for e in st.errors[:20]] + [""]
-    lines += ["### Poison stream entries", "",
-              f"XADDed straight to the trajectory stream, each kind {po.outcomes[0].sent if po.outcomes else 0} times, "
-              f"a valid group after every entry; the buffer's `max_payload_bytes` is {MAX_PAYLOAD_BYTES}. "
-              f"All {po.poison_sent + po.valid_sent} entries handled {po.drain_seconds:.1f} s after the first was "
-              f"added; "
-              f"`/v1/stats`: dead_letters {po.stats['dead_letters']}, samples_dead_lettered "
-              f"{po.stats['samples_dead_lettered']}, groups_stored {po.stats['groups_stored']} "
-              f"(valid groups sent: {po.valid_sent}).", ""]
-    lines.append(table(["entry", "sent", "dead-lettered", "reason names it", "reason (first)"], [
-        [o.name, o.sent, o.dead_lettered, o.with_reason, _cell(o.reason[:120])] for o in po.outcomes]))
+    lines += [
+        "### Poison stream entries",
+        "",
+        f"XADDed straight to the trajectory stream, each kind {po.outcomes[0].sent if po.outcomes else 0} times, "
+        f"a valid group after every entry; the buffer's `max_payload_bytes` is {MAX_PAYLOAD_BYTES}. "
+        f"All {po.poison_sent + po.valid_sent} entries handled {po.drain_seconds:.1f} s after the first was "
+        f"added; "
+        f"`/v1/stats`: dead_letters {po.stats['dead_letters']}, samples_dead_lettered "
+        f"{po.stats['samples_dead_lettered']}, groups_stored {po.stats['groups_stored']} "
+        f"(valid groups sent: {po.valid_sent}).",
+        "",
+    ]
+    lines.append(
+        table(
+            ["entry", "sent", "dead-lettered", "reason names it", "reason (first)"],
+            [[o.name, o.sent, o.dead_lettered, o.with_reason, _cell(o.reason[:120])] for o in po.outcomes],
+        )
+    )
     others = [p for p in problems if not any(p.startswith(f"{f.check} (") for f in st.failures)]
     if others:  # the check failures are in their table above
         lines += ["### Other problems", ""] + [f"- {p[:1000]}" for p in others]
@@ -538,8 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         redis_proc.stop()
     print(f"fuzz: reports in {workdir}")
-    return finish("fuzz", render(result), result.problems(), sys.argv[1:] if argv is None else argv,
-                  write=not args.no_report)
+    return finish(
+        "fuzz", render(result), result.problems(), sys.argv[1:] if argv is None else argv, write=not args.no_report
+    )
 
 
 if __name__ == "__main__":

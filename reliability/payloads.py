@@ -16,8 +16,14 @@ from tba.schemas import SCHEMA_VERSION
 TEMPERATURE, REFERENCE = 0.7, "reliability-reference"
 
 
-def group_dict(group_id: str, prompt_id: str, completions: list[list[int]], rewards: list[float],
-               version: int = 0, searcher_id: str = "reliability") -> dict[str, Any]:
+def group_dict(
+    group_id: str,
+    prompt_id: str,
+    completions: list[list[int]],
+    rewards: list[float],
+    version: int = 0,
+    searcher_id: str = "reliability",
+) -> dict[str, Any]:
     """A valid ScoredGroup: one sample per completion, each with its reward and plausible log-probs."""
     return {
         "schema_version": SCHEMA_VERSION,
@@ -31,8 +37,15 @@ def group_dict(group_id: str, prompt_id: str, completions: list[list[int]], rewa
         "created_at": 1.7e9,
         "temperature": TEMPERATURE,
         "reference": REFERENCE,
-        "samples": [{"completion_ids": ids, "completion_text": "x" * len(ids), "reward": reward,
-                     "logprob_sum": -float(len(ids)), "ref_logprob_sum": -float(len(ids)) - 0.5,
-                     "finish_reason": "stop"}
-                    for ids, reward in zip(completions, rewards, strict=True)],
+        "samples": [
+            {
+                "completion_ids": ids,
+                "completion_text": "x" * len(ids),
+                "reward": reward,
+                "logprob_sum": -float(len(ids)),
+                "ref_logprob_sum": -float(len(ids)) - 0.5,
+                "finish_reason": "stop",
+            }
+            for ids, reward in zip(completions, rewards, strict=True)
+        ],
     }

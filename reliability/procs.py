@@ -99,8 +99,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: fields 14 and 15 of stat
 
 
-def wait_while_running(what: str, probe: Callable[[], T], timeout: float, proc: subprocess.Popen, log: Path,
-                       interval: float = 0.2) -> T:
+def wait_while_running(
+    what: str, probe: Callable[[], T], timeout: float, proc: subprocess.Popen, log: Path, interval: float = 0.2
+) -> T:
     """``probe()``'s first truthy value; fails with ``proc``'s log if it exits or time runs out first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

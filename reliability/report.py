@@ -44,8 +44,7 @@ def write_section(name: str, body: str, command: str, path: Path = REPORT) -> Pa
     """Replace section ``name`` with ``body`` (markdown), stamped with the command and the machine."""
     if name not in ORDER:
         raise ValueError(f"unknown section {name!r}; known: {', '.join(ORDER)}")
-    stamp = (f"_`{command}` on {time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.machine()}, "
-             f"{os.cpu_count()} CPUs._\n\n")
+    stamp = f"_`{command}` on {time.strftime('%Y-%m-%d %H:%M %Z')}, {platform.machine()}, {os.cpu_count()} CPUs._\n\n"
     sections = read_sections(path)
     sections[name] = stamp + body.strip() + "\n"
     parts = [HEADER]

@@ -83,6 +83,7 @@ class SecurityResult:
 
 # --- 1. the token ---
 
+
 def _bodies(seq: int) -> dict[str, bytes]:
     group = group_dict(f"sec-{seq}", f"p{seq}", [[5, 6, seq % 100 + 7]], [1.0])
     request = {"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0}
@@ -111,21 +112,39 @@ def check_token(buffer: BufferProcess, result: SecurityResult, answers: list[str
                 answers.append(r.text)
                 statuses.append((route, r.status_code, "www-authenticate" in r.headers))
             ok = all(code == 401 and challenged for _, code, challenged in statuses)
-            result.add(f"write and sample with {name}", len(statuses), ok,
-                       ", ".join(f"{route} {code}" for route, code, _ in statuses))
+            result.add(
+                f"write and sample with {name}",
+                len(statuses),
+                ok,
+                ", ".join(f"{route} {code}" for route, code, _ in statuses),
+            )
         stored = http.get("/v1/stats").json()
         answers.append(str(stored))
-        result.add("nothing stored by a refused request", 1, stored["groups_ingested"] == before,
-                   f"groups_ingested {before} before, {stored['groups_ingested']} after")
+        result.add(
+            "nothing stored by a refused request",
+            1,
+            stored["groups_ingested"] == before,
+            f"groups_ingested {before} before, {stored['groups_ingested']} after",
+        )
         statuses = []
         for i, route in enumerate(WRITE_ROUTES):
-            r = http.post(route, content=_bodies(100 + i)[route],
-                          headers={"Content-Type": "application/msgpack", "Accept": JSON_MEDIA_TYPE,
-                                   "Authorization": f"Bearer {token}"})
+            r = http.post(
+                route,
+                content=_bodies(100 + i)[route],
+                headers={
+                    "Content-Type": "application/msgpack",
+                    "Accept": JSON_MEDIA_TYPE,
+                    "Authorization": f"Bearer {token}",
+                },
+            )
             answers.append(r.text)
             statuses.append((route, r.status_code))
-        result.add("write and sample with the token", len(statuses), all(c in (200, 409) for _, c in statuses),
-                   ", ".join(f"{route} {code}" for route, code in statuses))
+        result.add(
+            "write and sample with the token",
+            len(statuses),
+            all(c in (200, 409) for _, c in statuses),
+            ", ".join(f"{route} {code}" for route, code in statuses),
+        )
 
 
 def time_wrong_tokens(buffer: BufferProcess, requests: int) -> dict[str, float]:
@@ -149,11 +168,21 @@ def time_wrong_tokens(buffer: BufferProcess, requests: int) -> dict[str, float]:
 
 # --- 2. the Redis password ---
 
-def check_redis_password(server: RedisProcess, work: Path, token: str, result: SecurityResult,
-                         answers: list[str], logs: list[Path], timed_requests: int) -> None:
+
+def check_redis_password(
+    server: RedisProcess,
+    work: Path,
+    token: str,
+    result: SecurityResult,
+    answers: list[str],
+    logs: list[Path],
+    timed_requests: int,
+) -> None:
     """The buffer with the password stores and serves; without it, or with a wrong one, it says why."""
-    for label, url in (("no password", server.url_without_password),
-                       ("a wrong password", server.url_with(secrets.token_urlsafe(16)))):
+    for label, url in (
+        ("no password", server.url_without_password),
+        ("a wrong password", server.url_with(secrets.token_urlsafe(16))),
+    ):
         log = work / f"buffer-{label.replace(' ', '-')}.log"
         logs.append(log)
         buffer = BufferProcess(url, log, token, log_level="INFO")
@@ -168,13 +197,30 @@ def check_redis_password(server: RedisProcess, work: Path, token: str, result: S
                 except httpx.HTTPError:
                     time.sleep(0.2)
             answers.append(reason)
-            r = httpx.post(f"{buffer.url}/v1/groups", content=_bodies(7)["/v1/groups"],
-                           headers={**buffer.headers, "Content-Type": "application/msgpack"}, timeout=10)
+            r = httpx.post(
+                f"{buffer.url}/v1/groups",
+                content=_bodies(7)["/v1/groups"],
+                headers={**buffer.headers, "Content-Type": "application/msgpack"},
+                timeout=10,
+            )
             answers.append(r.text)
-            ok = code == 503 and ("Authentication" in reason or "NOAUTH" in reason or "WRONGPASS" in reason
-                                  or "invalid" in reason.lower()) and r.status_code == 503 and buffer.alive()
-            result.add(f"Redis with {label}: not ready, says why, stores nothing", 1, ok,
-                       f"/readyz {code}: {reason[:120]}; POST /v1/groups {r.status_code}")
+            ok = (
+                code == 503
+                and (
+                    "Authentication" in reason
+                    or "NOAUTH" in reason
+                    or "WRONGPASS" in reason
+                    or "invalid" in reason.lower()
+                )
+                and r.status_code == 503
+                and buffer.alive()
+            )
+            result.add(
+                f"Redis with {label}: not ready, says why, stores nothing",
+                1,
+                ok,
+                f"/readyz {code}: {reason[:120]}; POST /v1/groups {r.status_code}",
+            )
         finally:
             buffer.stop()
     sync = sync_client(server.url)
@@ -193,8 +239,12 @@ def check_redis_password(server: RedisProcess, work: Path, token: str, result: S
                 break
             time.sleep(0.1)
         answers.append(str(stats))
-        result.add("Redis with the password: ready, the stream's group stored", 1, stats.get("groups_stored") == 1,
-                   f"groups_stored {stats.get('groups_stored')}")
+        result.add(
+            "Redis with the password: ready, the stream's group stored",
+            1,
+            stats.get("groups_stored") == 1,
+            f"groups_stored {stats.get('groups_stored')}",
+        )
         check_token(buffer, result, answers)
         for route in OPEN_ROUTES:
             answers.append(httpx.get(f"{buffer.url}{route}", timeout=5).text)
@@ -218,13 +268,19 @@ def _refused(url: str) -> bool:
 
 def _dump(client: redis.Redis, key: bytes) -> object:
     kind = client.type(key).decode()
-    read = {"string": client.get, "hash": client.hgetall, "zset": lambda k: client.zrange(k, 0, -1),
-            "set": client.smembers, "list": lambda k: client.lrange(k, 0, -1),
-            "stream": lambda k: client.xrange(k)}
+    read = {
+        "string": client.get,
+        "hash": client.hgetall,
+        "zset": lambda k: client.zrange(k, 0, -1),
+        "set": client.smembers,
+        "list": lambda k: client.lrange(k, 0, -1),
+        "stream": lambda k: client.xrange(k),
+    }
     return (key, read[kind](key)) if kind in read else key
 
 
 # --- 3. secrets ---
+
 
 def leaks(secrets_: dict[str, str], texts: Iterable[str], files: Iterable[Path]) -> list[str]:
     """Where any secret occurs: '<name> in <file or answer>'."""
@@ -243,15 +299,25 @@ def leaks(secrets_: dict[str, str], texts: Iterable[str], files: Iterable[Path])
 
 # --- 4. containers ---
 
+
 def check_containers(result: SecurityResult) -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    bad = [name for name, svc in compose["services"].items()
-           if not svc.get("read_only") or str(svc.get("user", "")).split(":")[0] in ("root", "0")]
-    no_user = [name for name, svc in compose["services"].items() if "user" not in svc and "build" not in svc
-               and not str(svc.get("image", "")).startswith("${")]
-    result.add("docker-compose.yml: every service read-only, none as root", len(compose["services"]),
-               not bad and not no_user, f"offending: {bad + no_user}" if bad or no_user else
-               f"{len(compose['services'])} services")
+    bad = [
+        name
+        for name, svc in compose["services"].items()
+        if not svc.get("read_only") or str(svc.get("user", "")).split(":")[0] in ("root", "0")
+    ]
+    no_user = [
+        name
+        for name, svc in compose["services"].items()
+        if "user" not in svc and "build" not in svc and not str(svc.get("image", "")).startswith("${")
+    ]
+    result.add(
+        "docker-compose.yml: every service read-only, none as root",
+        len(compose["services"]),
+        not bad and not no_user,
+        f"offending: {bad + no_user}" if bad or no_user else f"{len(compose['services'])} services",
+    )
     dockerfiles = sorted((ROOT / "services").glob("*/Dockerfile"))
     roots = []
     for path in dockerfiles:
@@ -262,8 +328,12 @@ def check_containers(result: SecurityResult) -> None:
             runs = "CMD" in stage or "ENTRYPOINT" in stage
             if runs and (not users or users[-1].split(":")[0] in ("root", "0")):
                 roots.append(f"{path.relative_to(ROOT)} ({name})")
-    result.add("Dockerfiles: every runnable stage ends as a non-root user", len(dockerfiles), not roots,
-               f"offending: {roots}" if roots else f"{len(dockerfiles)} Dockerfiles")
+    result.add(
+        "Dockerfiles: every runnable stage ends as a non-root user",
+        len(dockerfiles),
+        not roots,
+        f"offending: {roots}" if roots else f"{len(dockerfiles)} Dockerfiles",
+    )
     containers, offending = 0, []
     for path in sorted((ROOT / "k8s").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
@@ -278,8 +348,12 @@ def check_containers(result: SecurityResult) -> None:
                 ctx = {**pod_ctx, **c.get("securityContext", {})}
                 if not ctx.get("runAsNonRoot") or not c.get("securityContext", {}).get("readOnlyRootFilesystem"):
                     offending.append(f"{path.relative_to(ROOT)}:{c['name']}")
-    result.add("Kubernetes: every container runAsNonRoot with a read-only root file system", containers,
-               containers > 0 and not offending, f"offending: {offending}" if offending else f"{containers} containers")
+    result.add(
+        "Kubernetes: every container runAsNonRoot with a read-only root file system",
+        containers,
+        containers > 0 and not offending,
+        f"offending: {offending}" if offending else f"{containers} containers",
+    )
 
 
 def _pod_spec(doc: object) -> dict | None:
@@ -294,6 +368,7 @@ def _pod_spec(doc: object) -> dict | None:
 
 # --- the run ---
 
+
 def security(work: Path, timed_requests: int = TIMED_REQUESTS) -> SecurityResult:
     token, password = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     result = SecurityResult()
@@ -306,8 +381,12 @@ def security(work: Path, timed_requests: int = TIMED_REQUESTS) -> SecurityResult
         server.stop()
     files = [*logs, *sorted((work / "redis").rglob("*"))]
     found = leaks({"token": token, "Redis password": password}, answers, files)
-    result.add("no secret in logs, answers, stored data or Redis's files", len(answers) + len(files), not found,
-               "; ".join(found[:5]) if found else f"{len(answers)} answers, {len(files)} files searched")
+    result.add(
+        "no secret in logs, answers, stored data or Redis's files",
+        len(answers) + len(files),
+        not found,
+        "; ".join(found[:5]) if found else f"{len(answers)} answers, {len(files)} files searched",
+    )
     check_containers(result)
     return result
 
@@ -315,23 +394,28 @@ def security(work: Path, timed_requests: int = TIMED_REQUESTS) -> SecurityResult
 def render(result: SecurityResult) -> str:
     rows = [[c.what, c.tries, "pass" if c.passed else "**FAIL**", c.detail] for c in result.checks]
     near, far = result.timing_us.get("near", float("nan")), result.timing_us.get("far", float("nan"))
-    return (f"**{'PASS' if result.passed else 'FAIL'}**: {sum(c.passed for c in result.checks)} of "
-            f"{len(result.checks)} checks.\n\n" + table(["check", "tries", "outcome", "detail"], rows) +
-            f"\nWrong tokens ({result.timed_requests} each, median of the 401's round trip): equal to the token but "
-            f"for the last character {near:.0f} µs, sharing nothing {far:.0f} µs (difference "
-            f"{near - far:+.0f} µs: the digests are compared in constant time, what remains is noise).\n")
+    return (
+        f"**{'PASS' if result.passed else 'FAIL'}**: {sum(c.passed for c in result.checks)} of "
+        f"{len(result.checks)} checks.\n\n"
+        + table(["check", "tries", "outcome", "detail"], rows)
+        + f"\nWrong tokens ({result.timed_requests} each, median of the 401's round trip): equal to the token but "
+        f"for the last character {near:.0f} µs, sharing nothing {far:.0f} µs (difference "
+        f"{near - far:+.0f} µs: the digests are compared in constant time, what remains is noise).\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reliability.security", description=__doc__.splitlines()[0])
-    parser.add_argument("--timed-requests", type=int, default=TIMED_REQUESTS,
-                        help="wrong-token requests timed per kind")
+    parser.add_argument(
+        "--timed-requests", type=int, default=TIMED_REQUESTS, help="wrong-token requests timed per kind"
+    )
     parser.add_argument("--no-report", action="store_true", help="do not rewrite RELIABILITY.md")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tba-security-") as tmp:
         result = security(Path(tmp), args.timed_requests)
-    return finish("security", render(result), result.problems(), sys.argv[1:] if argv is None else argv,
-                  write=not args.no_report)
+    return finish(
+        "security", render(result), result.problems(), sys.argv[1:] if argv is None else argv, write=not args.no_report
+    )
 
 
 if __name__ == "__main__":

@@ -52,11 +52,33 @@ class RedisProcess:
     def start(self) -> RedisProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # The password, if any, reaches redis-server as configuration on its stdin ("-"): never on a command line.
-        self.proc = subprocess.Popen([
-            self.binary, "-", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
-            "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction", "--save", "",
-            "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"),
-        ], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "-",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.data_dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--maxmemory-policy",
+                "noeviction",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(self.data_dir / "redis.log"),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"requirepass {self.password}\n".encode() if self.password else b"")
         self.proc.stdin.close()
@@ -88,9 +110,14 @@ class BufferProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
         self.log = log
-        self.env = {**os.environ, "TBA_REDIS_URL": redis_url, "TBA_PORT": str(self.port), "TBA_AUTH_TOKEN": token,
-                    "TBA_LOG_LEVEL": "WARNING",
-                    **{f"TBA_{name.upper()}": str(value) for name, value in settings.items()}}
+        self.env = {
+            **os.environ,
+            "TBA_REDIS_URL": redis_url,
+            "TBA_PORT": str(self.port),
+            "TBA_AUTH_TOKEN": token,
+            "TBA_LOG_LEVEL": "WARNING",
+            **{f"TBA_{name.upper()}": str(value) for name, value in settings.items()},
+        }
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -107,8 +134,13 @@ class BufferProcess:
         """The process, without waiting for it to be ready (a buffer that cannot reach Redis never is)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer"], cwd=ROOT, env=self.env,
-                                         stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tba.cli", "buffer"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
     def start(self, timeout: float = 60.0) -> BufferProcess:

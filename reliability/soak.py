@@ -83,12 +83,14 @@ class SoakConfig:
 
 # --- load generators ---
 
+
 def _sample_pool(rng: random.Random, cfg: SoakConfig, size: int = 2048) -> list[list[dict[str, Any]]]:
     """Sample lists built once per producer: distinct completions, so that stored samples are not duplicates."""
     pool = []
     for _ in range(size):
-        completions = [[rng.randrange(1, 50_000) for _ in range(cfg.completion_tokens)]
-                       for _ in range(cfg.samples_per_group)]
+        completions = [
+            [rng.randrange(1, 50_000) for _ in range(cfg.completion_tokens)] for _ in range(cfg.samples_per_group)
+        ]
         rewards = [float(rng.randrange(2)) for _ in completions]
         pool.append(group_dict("", "", completions, rewards)["samples"])
     return pool
@@ -106,9 +108,13 @@ class GroupSource:
 
     def next(self) -> bytes:
         self.seq += 1
-        group = dict(self.template, group_id=f"{self.name}-{self.seq}",
-                     prompt_id=f"q{self.rng.randrange(self.cfg.prompts)}",
-                     policy_version=version_at(self.cfg, self.t0), samples=self.rng.choice(self.pool))
+        group = dict(
+            self.template,
+            group_id=f"{self.name}-{self.seq}",
+            prompt_id=f"q{self.rng.randrange(self.cfg.prompts)}",
+            policy_version=version_at(self.cfg, self.t0),
+            samples=self.rng.choice(self.pool),
+        )
         return msgpack.packb(group, use_bin_type=True)
 
 
@@ -134,8 +140,9 @@ def _paced(rate: float, stop: Stop) -> Iterator[None]:
         stop.wait(max(0.0, nxt - time.monotonic()))
 
 
-def stream_producer(cfg: SoakConfig, index: int, redis_url: str, t0: float, stop: Stop,
-                    sent: Synchronized, errors: Synchronized) -> None:
+def stream_producer(
+    cfg: SoakConfig, index: int, redis_url: str, t0: float, stop: Stop, sent: Synchronized, errors: Synchronized
+) -> None:
     """A searcher's traffic: XADD a group to the trajectory stream ``group_rate`` times a second."""
     source = GroupSource(cfg, f"stream-{index}", t0, seed=index)
     client = sync_client(redis_url)
@@ -149,8 +156,9 @@ def stream_producer(cfg: SoakConfig, index: int, redis_url: str, t0: float, stop
                 errors.value += 1
 
 
-def http_producer(cfg: SoakConfig, url: str, token: str, t0: float, stop: Stop,
-                  sent: Synchronized, errors: Synchronized) -> None:
+def http_producer(
+    cfg: SoakConfig, url: str, token: str, t0: float, stop: Stop, sent: Synchronized, errors: Synchronized
+) -> None:
     """A producer that cannot reach Redis: POST /v1/groups ``http_rate`` times a second."""
     source = GroupSource(cfg, "http", t0, seed=10_000)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": MSGPACK_MEDIA_TYPE}
@@ -178,9 +186,15 @@ def sampling_client(cfg: SoakConfig, url: str, token: str, t0: float, stop: Stop
     headers = {"Authorization": f"Bearer {token}", "Content-Type": MSGPACK_MEDIA_TYPE}
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         for _ in _paced(cfg.sample_rate, stop):
-            body = msgpack.packb({"num_prompts": cfg.num_prompts, "samples_per_prompt": cfg.samples_per_prompt,
-                                  "trainer_version": version_at(cfg, t0), "temperature": TEMPERATURE,
-                                  "reference": REFERENCE})
+            body = msgpack.packb(
+                {
+                    "num_prompts": cfg.num_prompts,
+                    "samples_per_prompt": cfg.samples_per_prompt,
+                    "trainer_version": version_at(cfg, t0),
+                    "temperature": TEMPERATURE,
+                    "reference": REFERENCE,
+                }
+            )
             start = time.monotonic()
             try:
                 r = client.post("/v1/sample", content=body)
@@ -208,6 +222,7 @@ def _whole_batch(content: bytes, cfg: SoakConfig) -> bool:
 
 
 # --- measurements ---
+
 
 @dataclass
 class Probe:
@@ -269,9 +284,17 @@ class Window:
 def probe(client: redis.Redis, buffer: BufferProcess, t: float) -> Probe:
     stats = httpx.get(f"{buffer.url}/v1/stats", timeout=30).raise_for_status().json()
     pending = sum(int(g["pending"]) + int(g.get("lag") or 0) for g in client.xinfo_groups(KEYS.trajectories))
-    return Probe(t=t, rss=rss_bytes(buffer.pid), used_memory=int(client.info("memory")["used_memory"]),
-                 keys=int(client.dbsize()), stats=stats, lag=pending, buffer_cpu=cpu_seconds(buffer.pid),
-                 machine=machine_jiffies(), aof_rewrites=int(client.info("persistence")["aof_rewrites"]))
+    return Probe(
+        t=t,
+        rss=rss_bytes(buffer.pid),
+        used_memory=int(client.info("memory")["used_memory"]),
+        keys=int(client.dbsize()),
+        stats=stats,
+        lag=pending,
+        buffer_cpu=cpu_seconds(buffer.pid),
+        machine=machine_jiffies(),
+        aof_rewrites=int(client.info("persistence")["aof_rewrites"]),
+    )
 
 
 def machine_jiffies() -> tuple[int, int]:
@@ -292,9 +315,13 @@ def dedup_figures(client: redis.Redis, prompts: int) -> DedupFigures:
     for name in prompt_sets + global_keys[:1]:  # the sorted sets: one member per record
         pipe.zcard(name)
     out = [n or 0 for n in pipe.execute()]  # MEMORY USAGE of a missing key: None
-    sizes, counts = out[:len(prompt_keys) + 2], out[len(prompt_keys) + 2:]
-    return DedupFigures(global_records=counts[-1], global_bytes=sum(sizes[-2:]), prompt_records=sum(counts[:-1]),
-                        prompt_bytes=sum(sizes[:-2]))
+    sizes, counts = out[: len(prompt_keys) + 2], out[len(prompt_keys) + 2 :]
+    return DedupFigures(
+        global_records=counts[-1],
+        global_bytes=sum(sizes[-2:]),
+        prompt_records=sum(counts[:-1]),
+        prompt_bytes=sum(sizes[:-2]),
+    )
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -305,6 +332,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 # --- the run ---
+
 
 @dataclass
 class SoakResult:
@@ -357,8 +385,10 @@ class SoakResult:
             out.append(f"Redis used_memory grew {g:.1%} after the warm-up (limit {GROWTH_LIMIT:.0%})")
         first, last = self.measured[0], self.measured[-1]
         if not last.p99_ms <= LATENCY_LIMIT * first.p99_ms:
-            out.append(f"sample p99 {last.p99_ms:.1f} ms in the last window, over {LATENCY_LIMIT:g} x "
-                       f"{first.p99_ms:.1f} ms of the first after the warm-up")
+            out.append(
+                f"sample p99 {last.p99_ms:.1f} ms in the last window, over {LATENCY_LIMIT:g} x "
+                f"{first.p99_ms:.1f} ms of the first after the warm-up"
+            )
         if self.final["samples_evicted"] == 0:
             out.append("nothing was evicted: the capacities were not exercised")
         return out
@@ -369,23 +399,39 @@ def soak(cfg: SoakConfig, redis_url: str, workdir: Path, progress: bool = False)
     token = secrets.token_hex(16)
     client = sync_client(redis_url)
     empty_used_memory = int(client.info("memory")["used_memory"])
-    buffer = BufferProcess(redis_url, workdir / "buffer.log", token=token, consumer_name="soak",
-                           per_prompt_capacity=cfg.per_prompt_capacity, global_capacity=cfg.global_capacity,
-                           dedup_window_seconds=cfg.dedup_window_seconds).start()
+    buffer = BufferProcess(
+        redis_url,
+        workdir / "buffer.log",
+        token=token,
+        consumer_name="soak",
+        per_prompt_capacity=cfg.per_prompt_capacity,
+        global_capacity=cfg.global_capacity,
+        dedup_window_seconds=cfg.dedup_window_seconds,
+    ).start()
     try:
         windows, log, sent_counts = _load(cfg, client, buffer, redis_url, token, progress)
         drained, final = _drain(client, buffer, sum(sent_counts[:2]))
     finally:
         stopped = buffer.stop()
         client.close()
-    return SoakResult(config=cfg, windows=windows, stream_sent=sent_counts[0], http_sent=sent_counts[1],
-                      producer_errors=sent_counts[2], sample_errors=log.errors, not_enough=log.not_enough,
-                      final=final, empty_used_memory=empty_used_memory, drained=drained,
-                      buffer_stopped_cleanly=stopped)
+    return SoakResult(
+        config=cfg,
+        windows=windows,
+        stream_sent=sent_counts[0],
+        http_sent=sent_counts[1],
+        producer_errors=sent_counts[2],
+        sample_errors=log.errors,
+        not_enough=log.not_enough,
+        final=final,
+        empty_used_memory=empty_used_memory,
+        drained=drained,
+        buffer_stopped_cleanly=stopped,
+    )
 
 
-def _load(cfg: SoakConfig, client: redis.Redis, buffer: BufferProcess, redis_url: str, token: str,
-          progress: bool) -> tuple[list[Window], SampleLog, tuple[int, int, int]]:
+def _load(
+    cfg: SoakConfig, client: redis.Redis, buffer: BufferProcess, redis_url: str, token: str, progress: bool
+) -> tuple[list[Window], SampleLog, tuple[int, int, int]]:
     """Run the producers and the sampling client for ``cfg.minutes``, measuring each window (printing a line
     each when ``progress``); stop them all.
 
@@ -394,15 +440,28 @@ def _load(cfg: SoakConfig, client: redis.Redis, buffer: BufferProcess, redis_url
     stop_producers = ctx.Event()
     stream_sent, http_sent, producer_errors = ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("q", 0)
     t0 = time.time()
-    procs = [ctx.Process(target=stream_producer, name=f"soak-producer-{i}", daemon=True,
-                         args=(cfg, i, redis_url, t0, stop_producers, stream_sent, producer_errors))
-             for i in range(cfg.producers)]
-    procs.append(ctx.Process(target=http_producer, name="soak-http-producer", daemon=True,
-                             args=(cfg, buffer.url, token, t0, stop_producers, http_sent, producer_errors)))
+    procs = [
+        ctx.Process(
+            target=stream_producer,
+            name=f"soak-producer-{i}",
+            daemon=True,
+            args=(cfg, i, redis_url, t0, stop_producers, stream_sent, producer_errors),
+        )
+        for i in range(cfg.producers)
+    ]
+    procs.append(
+        ctx.Process(
+            target=http_producer,
+            name="soak-http-producer",
+            daemon=True,
+            args=(cfg, buffer.url, token, t0, stop_producers, http_sent, producer_errors),
+        )
+    )
     stop_sampling = threading.Event()
     log = SampleLog()
-    sampler = threading.Thread(target=sampling_client, name="soak-sampler", daemon=True,
-                               args=(cfg, buffer.url, token, t0, stop_sampling, log))
+    sampler = threading.Thread(
+        target=sampling_client, name="soak-sampler", daemon=True, args=(cfg, buffer.url, token, t0, stop_sampling, log)
+    )
     windows: list[Window] = []
     try:
         for p in procs:
@@ -420,15 +479,29 @@ def _load(cfg: SoakConfig, client: redis.Redis, buffer: BufferProcess, redis_url
                 if not buffer.alive():
                     raise RuntimeError(f"the buffer died:\n{buffer.log_tail()}")
                 probes.append(probe(client, buffer, time.monotonic() - start))
-            windows.append(_window(index, w_start, w_end, index < warmup_windows, probes, previous, log, start,
-                                   dedup_figures(client, cfg.prompts)))
+            windows.append(
+                _window(
+                    index,
+                    w_start,
+                    w_end,
+                    index < warmup_windows,
+                    probes,
+                    previous,
+                    log,
+                    start,
+                    dedup_figures(client, cfg.prompts),
+                )
+            )
             previous = probes[-1]
             if progress:
                 w = windows[-1]
-                print(f"soak: window {index + 1}/{n_windows}{' (warm-up)' if w.warmup else ''}: "
-                      f"RSS {w.rss / 2**20:.1f} MiB, Redis {w.used_memory / 2**20:.1f} MiB, {w.samples} samples, "
-                      f"p50/p99 {w.p50_ms:.1f}/{w.p99_ms:.1f} ms, {w.errors} errors, lag {w.lag}, buffer CPU "
-                      f"{w.buffer_cpu:.0%}, machine CPU {w.machine_cpu:.0%}", flush=True)
+                print(
+                    f"soak: window {index + 1}/{n_windows}{' (warm-up)' if w.warmup else ''}: "
+                    f"RSS {w.rss / 2**20:.1f} MiB, Redis {w.used_memory / 2**20:.1f} MiB, {w.samples} samples, "
+                    f"p50/p99 {w.p50_ms:.1f}/{w.p99_ms:.1f} ms, {w.errors} errors, lag {w.lag}, buffer CPU "
+                    f"{w.buffer_cpu:.0%}, machine CPU {w.machine_cpu:.0%}",
+                    flush=True,
+                )
     finally:
         stop_producers.set()
         stop_sampling.set()
@@ -453,23 +526,44 @@ def _drain(client: redis.Redis, buffer: BufferProcess, sent: int) -> tuple[bool,
     return drained, final
 
 
-def _window(index: int, start: float, end: float, warmup: bool, probes: list[Probe], previous: Probe,
-            log: SampleLog, t_start: float, dedup: DedupFigures) -> Window:
+def _window(
+    index: int,
+    start: float,
+    end: float,
+    warmup: bool,
+    probes: list[Probe],
+    previous: Probe,
+    log: SampleLog,
+    t_start: float,
+    dedup: DedupFigures,
+) -> Window:
     """One window's figures: medians of the probes (steady values, not one lucky reading), latency percentiles."""
     lat = [s * 1000 for t, s in log.latencies if start <= t - t_start < end]
     errors = sum(1 for t, _ in log.errors if start <= t - t_start < end)
     last = probes[-1]
     seconds = last.t - previous.t
     busy, total = (now - then for now, then in zip(last.machine, previous.machine, strict=True))
-    return Window(index=index, start=start, end=end, warmup=warmup,
-                  buffer_cpu=(last.buffer_cpu - previous.buffer_cpu) / seconds, machine_cpu=busy / max(1, total),
-                  aof_rewrites=last.aof_rewrites - previous.aof_rewrites,
-                  rss=int(statistics.median(p.rss for p in probes)),
-                  used_memory=int(statistics.median(p.used_memory for p in probes)),
-                  keys=last.keys, samples=last.stats["samples"], evicted=last.stats["samples_evicted"],
-                  groups_per_s=(last.stats["groups_ingested"] - previous.stats["groups_ingested"]) / seconds,
-                  requests=len(lat), p50_ms=_percentile(lat, 0.50), p99_ms=_percentile(lat, 0.99), errors=errors,
-                  lag=max(p.lag for p in probes), dedup=dedup)
+    return Window(
+        index=index,
+        start=start,
+        end=end,
+        warmup=warmup,
+        buffer_cpu=(last.buffer_cpu - previous.buffer_cpu) / seconds,
+        machine_cpu=busy / max(1, total),
+        aof_rewrites=last.aof_rewrites - previous.aof_rewrites,
+        rss=int(statistics.median(p.rss for p in probes)),
+        used_memory=int(statistics.median(p.used_memory for p in probes)),
+        keys=last.keys,
+        samples=last.stats["samples"],
+        evicted=last.stats["samples_evicted"],
+        groups_per_s=(last.stats["groups_ingested"] - previous.stats["groups_ingested"]) / seconds,
+        requests=len(lat),
+        p50_ms=_percentile(lat, 0.50),
+        p99_ms=_percentile(lat, 0.99),
+        errors=errors,
+        lag=max(p.lag for p in probes),
+        dedup=dedup,
+    )
 
 
 def render(result: SoakResult, minutes_asked: float) -> str:
@@ -488,19 +582,22 @@ def render(result: SoakResult, minutes_asked: float) -> str:
         f"{result.growth('rss'):+.1%} and Redis used_memory {result.growth('used_memory'):+.1%} from the end of the "
         f"warm-up to the end (limit +{GROWTH_LIMIT:.0%} each); {len(result.errors())} errors; sample p99 "
         f"{measured[0].p99_ms if measured else float('nan'):.1f} ms in the first window after the warm-up, "
-        f"{last.p99_ms:.1f} ms in the last (limit {LATENCY_LIMIT:g}x).", "",
+        f"{last.p99_ms:.1f} ms in the last (limit {LATENCY_LIMIT:g}x).",
+        "",
         f"Load: {cfg.producers} producer processes XADDing {cfg.group_rate:g} groups/s each to the trajectory "
         f"stream, one POSTing {cfg.http_rate:g} groups/s to `/v1/groups`; groups of {cfg.samples_per_group} samples "
         f"of {cfg.completion_tokens} tokens over {cfg.prompts} prompts, the version rising every "
         f"{cfg.version_seconds:g} s; a sampling client POSTing `/v1/sample` (P={cfg.num_prompts}, "
         f"K={cfg.samples_per_prompt}, msgpack) back to back, at most {cfg.sample_rate:g}/s. Buffer: "
         f"per_prompt_capacity {cfg.per_prompt_capacity}, global_capacity {cfg.global_capacity}, "
-        f"dedup_window_seconds {cfg.dedup_window_seconds:g}; Redis with AOF (everysec), noeviction.", "",
+        f"dedup_window_seconds {cfg.dedup_window_seconds:g}; Redis with AOF (everysec), noeviction.",
+        "",
         f"Totals: {result.stream_sent} groups XADDed, {result.http_sent} POSTed, {final['groups_ingested']} ingested "
         f"({rate:.1f}/s; all of them: {'yes' if result.drained else 'NO'}), {final['samples_evicted']} samples "
         f"evicted, {final['samples_duplicate']} duplicates, {final['dead_letters']} dead letters; "
         f"{sum(w.requests for w in result.windows)} sample requests answered, {result.not_enough} × 409 "
-        f"(not enough prompts yet), {len(result.sample_errors)} failed.", "",
+        f"(not enough prompts yet), {len(result.sample_errors)} failed.",
+        "",
         "Memory: at the end Redis held "
         f"{stored} samples and {last.dedup.global_records} remembered group ids in {last.used_memory / 2**20:.1f} "
         f"MiB ({result.empty_used_memory / 2**20:.1f} MiB empty): about {sample_bytes:.0f} bytes per stored sample "
@@ -512,17 +609,56 @@ def render(result: SoakResult, minutes_asked: float) -> str:
         f"that is about {rate * default_window * per_group / 2**20:.0f} MiB on top of the samples, a lower bound: "
         f"a prompt holding more than 128 records (a long window, a prompt revisited often) leaves Redis's compact "
         f"listpack encoding for a costlier one. This run's window, {cfg.dedup_window_seconds:g} s, ends inside the "
-        f"warm-up so that the dedup records reach their bound before judging.", "",
+        f"warm-up so that the dedup records reach their bound before judging.",
+        "",
     ]
-    lines.append(table(
-        ["window", "end (s)", "buffer RSS (MiB)", "Redis used (MiB)", "keys", "samples", "evicted", "groups/s",
-         "remembered groups", "dedup MiB", "requests", "p50 (ms)", "p99 (ms)", "failed requests", "max lag",
-         "buffer CPU", "machine CPU", "AOF rewrites"],
-        [[f"{w.index + 1}{' (warm-up)' if w.warmup else ''}", f"{w.end:.0f}", f"{w.rss / 2**20:.1f}",
-          f"{w.used_memory / 2**20:.1f}", w.keys, w.samples, w.evicted, f"{w.groups_per_s:.1f}", w.dedup.global_records,
-          f"{w.dedup.bytes / 2**20:.2f}", w.requests, f"{w.p50_ms:.1f}", f"{w.p99_ms:.1f}", w.errors, w.lag,
-          f"{w.buffer_cpu:.0%}", f"{w.machine_cpu:.0%}", w.aof_rewrites]
-         for w in result.windows]))
+    lines.append(
+        table(
+            [
+                "window",
+                "end (s)",
+                "buffer RSS (MiB)",
+                "Redis used (MiB)",
+                "keys",
+                "samples",
+                "evicted",
+                "groups/s",
+                "remembered groups",
+                "dedup MiB",
+                "requests",
+                "p50 (ms)",
+                "p99 (ms)",
+                "failed requests",
+                "max lag",
+                "buffer CPU",
+                "machine CPU",
+                "AOF rewrites",
+            ],
+            [
+                [
+                    f"{w.index + 1}{' (warm-up)' if w.warmup else ''}",
+                    f"{w.end:.0f}",
+                    f"{w.rss / 2**20:.1f}",
+                    f"{w.used_memory / 2**20:.1f}",
+                    w.keys,
+                    w.samples,
+                    w.evicted,
+                    f"{w.groups_per_s:.1f}",
+                    w.dedup.global_records,
+                    f"{w.dedup.bytes / 2**20:.2f}",
+                    w.requests,
+                    f"{w.p50_ms:.1f}",
+                    f"{w.p99_ms:.1f}",
+                    w.errors,
+                    w.lag,
+                    f"{w.buffer_cpu:.0%}",
+                    f"{w.machine_cpu:.0%}",
+                    w.aof_rewrites,
+                ]
+                for w in result.windows
+            ],
+        )
+    )
     if problems:
         lines += ["Problems:", ""] + [f"- {p}" for p in problems]
     return "\n".join(lines) + "\n"
@@ -532,10 +668,18 @@ def main(argv: list[str] | None = None) -> int:
     defaults = SoakConfig()
     parser = argparse.ArgumentParser(prog="python -m reliability.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=defaults.minutes, help="length of the run, warm-up included")
-    parser.add_argument("--warmup-minutes", type=float, default=None,
-                        help="warm-up, not judged (default: 5, or 40%% of a run shorter than 12.5 minutes)")
-    parser.add_argument("--window-seconds", type=float, default=None,
-                        help="length of a measuring window (default: 60, or 30 for runs under 10 minutes)")
+    parser.add_argument(
+        "--warmup-minutes",
+        type=float,
+        default=None,
+        help="warm-up, not judged (default: 5, or 40%% of a run shorter than 12.5 minutes)",
+    )
+    parser.add_argument(
+        "--window-seconds",
+        type=float,
+        default=None,
+        help="length of a measuring window (default: 60, or 30 for runs under 10 minutes)",
+    )
     parser.add_argument("--producers", type=int, default=defaults.producers)
     parser.add_argument("--group-rate", type=float, default=defaults.group_rate, help="groups/s per stream producer")
     parser.add_argument("--http-rate", type=float, default=defaults.http_rate, help="groups/s POSTed to /v1/groups")
@@ -543,8 +687,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where logs go (default: runs/soak-*)")
     parser.add_argument("--no-report", action="store_true", help="print the section instead of writing RELIABILITY.md")
     args = parser.parse_args(argv)
-    cfg = config_for(args.minutes, args.warmup_minutes, args.window_seconds, producers=args.producers,
-                     group_rate=args.group_rate, http_rate=args.http_rate, sample_rate=args.sample_rate)
+    cfg = config_for(
+        args.minutes,
+        args.warmup_minutes,
+        args.window_seconds,
+        producers=args.producers,
+        group_rate=args.group_rate,
+        http_rate=args.http_rate,
+        sample_rate=args.sample_rate,
+    )
     workdir = args.workdir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
     redis_dir = Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))
@@ -555,19 +706,26 @@ def main(argv: list[str] | None = None) -> int:
         redis_proc.stop()
         shutil.rmtree(redis_dir / "appendonlydir", ignore_errors=True)  # hundreds of MB of AOF; the log stays
     print(f"soak: logs in {workdir}")
-    return finish("soak", render(result, args.minutes), result.problems(), sys.argv[1:] if argv is None else argv,
-                  write=not args.no_report)
+    return finish(
+        "soak",
+        render(result, args.minutes),
+        result.problems(),
+        sys.argv[1:] if argv is None else argv,
+        write=not args.no_report,
+    )
 
 
-def config_for(minutes: float, warmup_minutes: float | None = None, window_seconds: float | None = None,
-               **overrides: Any) -> SoakConfig:
+def config_for(
+    minutes: float, warmup_minutes: float | None = None, window_seconds: float | None = None, **overrides: Any
+) -> SoakConfig:
     """The configuration of a run of ``minutes``: a shorter run gets a shorter warm-up, windows and dedup window
     (the window must end well inside the warm-up for the dedup records to reach their bound before judging)."""
     warmup = warmup_minutes if warmup_minutes is not None else min(5.0, 0.4 * minutes)
     window = window_seconds if window_seconds is not None else (60.0 if minutes >= 10 else 30.0)
     dedup = min(120.0, max(10.0, (warmup * 60 - 60) / 2))
-    return SoakConfig(minutes=minutes, warmup_minutes=warmup, window_seconds=window, dedup_window_seconds=dedup,
-                      **overrides)
+    return SoakConfig(
+        minutes=minutes, warmup_minutes=warmup, window_seconds=window, dedup_window_seconds=dedup, **overrides
+    )
 
 
 if __name__ == "__main__":

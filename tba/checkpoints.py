@@ -144,12 +144,13 @@ class CheckpointStore:
             return []
         out = []
         for p in self.root.iterdir():
-            if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX):].isdigit():
-                out.append(int(p.name[len(STEP_PREFIX):]))
+            if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX) :].isdigit():
+                out.append(int(p.name[len(STEP_PREFIX) :]))
         return sorted(out)
 
-    def prune(self, keep: int, grace_seconds: float, max_on_disk: int | None = None,
-              now: float | None = None) -> list[int]:
+    def prune(
+        self, keep: int, grace_seconds: float, max_on_disk: int | None = None, now: float | None = None
+    ) -> list[int]:
         """Delete all but the newest ``keep`` checkpoints, sparing any younger than the grace period (a reader may
         be loading it) unless ``max_on_disk`` are on disk already, and leftover temporary directories of a crashed
         writer. Returns the deleted versions. The bound matters when checkpoints come faster than the grace

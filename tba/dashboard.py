@@ -70,8 +70,18 @@ class Observer:
         snap.rates = rates(self.previous, snap)
         self.previous = snap
         with self.timeline_path.open("a") as f:
-            f.write(json.dumps({"t": snap.t, "trainer": snap.trainer, "buffer": _buffer_brief(snap.buffer),
-                                "searchers": snap.searchers}, default=str) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "t": snap.t,
+                        "trainer": snap.trainer,
+                        "buffer": _buffer_brief(snap.buffer),
+                        "searchers": snap.searchers,
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
         return snap
 
     def record_version(self, version: int) -> None:
@@ -88,8 +98,15 @@ class Observer:
 
 
 def _buffer_brief(stats: dict[str, Any]) -> dict[str, Any]:
-    keys = ("prompts", "samples", "reward_mean", "samples_ingested", "samples_duplicate", "groups_ingested",
-            "dead_letters")
+    keys = (
+        "prompts",
+        "samples",
+        "reward_mean",
+        "samples_ingested",
+        "samples_duplicate",
+        "groups_ingested",
+        "dead_letters",
+    )
     return {k: stats.get(k) for k in keys}
 
 
@@ -129,9 +146,17 @@ def _state(status: dict[str, Any]) -> Text:
     state = str(status.get("state", status.get("error", "-")))
     if state.startswith("paused"):  # a searcher: "paused: <why>"
         return Text(state, style="yellow")
-    style = {"training": "green", "running": "green", "warmup": "yellow", "waiting": "yellow",
-             "starting": "yellow", "reloading": "yellow", "stopping": "blue", "done": "blue",
-             "stopped": "blue"}.get(state, "red")
+    style = {
+        "training": "green",
+        "running": "green",
+        "warmup": "yellow",
+        "waiting": "yellow",
+        "starting": "yellow",
+        "reloading": "yellow",
+        "stopping": "blue",
+        "done": "blue",
+        "stopped": "blue",
+    }.get(state, "red")
     return Text(state, style=style)
 
 
@@ -147,16 +172,21 @@ def _fields(rows: list[tuple[str, str]]) -> Table:
 
 def _trainer_panel(snap: Snapshot) -> Panel:
     tr = snap.trainer
-    body = _fields([
-        ("step", f"{_fmt(tr.get('step'))}  v{_fmt(tr.get('version'))}  {_fmt(snap.rates.get('steps_per_s'), '.1f')}"
-                 " steps/s"),
-        ("loss", _fmt(tr.get("loss"), ".4g")),
-        ("reward", _fmt(tr.get("reward_mean"), ".3f")),
-        ("KL", _fmt(tr.get("kl"), ".3g")),
-        ("lr", _fmt(tr.get("lr"), ".2e")),
-        ("staleness", f"{_fmt(tr.get('staleness_mean'), '.1f')} versions"),
-        ("wait", f"{_fmt(tr.get('wait_s'), '.2f')} s"),
-    ])
+    body = _fields(
+        [
+            (
+                "step",
+                f"{_fmt(tr.get('step'))}  v{_fmt(tr.get('version'))}  {_fmt(snap.rates.get('steps_per_s'), '.1f')}"
+                " steps/s",
+            ),
+            ("loss", _fmt(tr.get("loss"), ".4g")),
+            ("reward", _fmt(tr.get("reward_mean"), ".3f")),
+            ("KL", _fmt(tr.get("kl"), ".3g")),
+            ("lr", _fmt(tr.get("lr"), ".2e")),
+            ("staleness", f"{_fmt(tr.get('staleness_mean'), '.1f')} versions"),
+            ("wait", f"{_fmt(tr.get('wait_s'), '.2f')} s"),
+        ]
+    )
     return Panel(body, title=Text.assemble("trainer  ", _state(tr)), title_align="left")
 
 
@@ -164,13 +194,15 @@ def _buffer_panel(snap: Snapshot) -> Panel:
     bf = snap.buffer
     ingested, duplicates = bf.get("samples_ingested"), bf.get("samples_duplicate")
     dup = duplicates / ingested if isinstance(ingested, int) and ingested and isinstance(duplicates, int) else None
-    body = _fields([
-        ("samples", f"{_fmt(bf.get('samples'))} in {_fmt(bf.get('prompts'))} prompts"),
-        ("ingest", f"{_fmt(snap.rates.get('ingest_per_s'), '.1f')} samples/s"),
-        ("duplicates", _fmt(dup, ".0%")),
-        ("reward", _fmt(bf.get("reward_mean"), ".3f")),
-        ("dead letters", _fmt(bf.get("dead_letters", bf.get("samples_dead_lettered")))),
-    ])
+    body = _fields(
+        [
+            ("samples", f"{_fmt(bf.get('samples'))} in {_fmt(bf.get('prompts'))} prompts"),
+            ("ingest", f"{_fmt(snap.rates.get('ingest_per_s'), '.1f')} samples/s"),
+            ("duplicates", _fmt(dup, ".0%")),
+            ("reward", _fmt(bf.get("reward_mean"), ".3f")),
+            ("dead letters", _fmt(bf.get("dead_letters", bf.get("samples_dead_lettered")))),
+        ]
+    )
     state = Text("error", style="red") if "error" in bf else Text("ok", style="green")
     return Panel(body, title=Text.assemble("buffer  ", state), title_align="left")
 
@@ -178,8 +210,13 @@ def _buffer_panel(snap: Snapshot) -> Panel:
 def _searchers_panel(snap: Snapshot) -> Panel:
     table = Table(box=None, padding=(0, 1), show_edge=False)
     columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
-        ("searcher", "left"), ("state", "left"), ("version", "right"), ("lag", "right"), ("samples/s", "right"),
-        ("reload", "right"))
+        ("searcher", "left"),
+        ("state", "left"),
+        ("version", "right"),
+        ("lag", "right"),
+        ("samples/s", "right"),
+        ("reload", "right"),
+    )
     for col, justify in columns:
         table.add_column(col, justify=justify, style="dim" if col == "searcher" else None)
     trainer_version = snap.trainer.get("version")
@@ -187,21 +224,30 @@ def _searchers_panel(snap: Snapshot) -> Panel:
         version = st.get("version")
         lag = trainer_version - version if isinstance(trainer_version, int) and isinstance(version, int) else None
         reload_ms = st.get("reload_ms_last")
-        table.add_row(name, _state(st), _fmt(version), _fmt(lag), _fmt(st.get("samples_per_s"), ".1f"),
-                      "-" if reload_ms is None else f"{reload_ms:.0f} ms")
+        table.add_row(
+            name,
+            _state(st),
+            _fmt(version),
+            _fmt(lag),
+            _fmt(st.get("samples_per_s"), ".1f"),
+            "-" if reload_ms is None else f"{reload_ms:.0f} ms",
+        )
     return Panel(table, title="searchers", title_align="left")
 
 
 def _accuracy_panel(snap: Snapshot) -> Panel:
     if not snap.accuracy:
-        return Panel(Text("waiting for the first evaluation", style="dim"), title="held-out accuracy",
-                     title_align="left")
+        return Panel(
+            Text("waiting for the first evaluation", style="dim"), title="held-out accuracy", title_align="left"
+        )
     (v0, first), (v, last) = snap.accuracy[0], snap.accuracy[-1]
     best = max(a for _, a in snap.accuracy)
-    body = _fields([
-        ("now", f"{last:.1%} at v{v}  (start {first:.1%} at v{v0}, best {best:.1%})"),
-        ("trend", sparkline([a for _, a in snap.accuracy])),
-    ])
+    body = _fields(
+        [
+            ("now", f"{last:.1%} at v{v}  (start {first:.1%} at v{v0}, best {best:.1%})"),
+            ("trend", sparkline([a for _, a in snap.accuracy])),
+        ]
+    )
     return Panel(body, title="held-out accuracy", title_align="left")
 
 
@@ -215,8 +261,13 @@ def render(snap: Snapshot, events: list[str], budget_s: float | None = None, tit
     grid.add_row(_trainer_panel(snap), _buffer_panel(snap))
     parts: list[Any] = [header, grid, _searchers_panel(snap), _accuracy_panel(snap)]
     if events:
-        parts.append(Panel(Text("\n".join(events[-4:]), style="yellow"),
-                           title=f"restarts and warnings ({len(events)})", title_align="left"))
+        parts.append(
+            Panel(
+                Text("\n".join(events[-4:]), style="yellow"),
+                title=f"restarts and warnings ({len(events)})",
+                title_align="left",
+            )
+        )
     return Group(*parts)
 
 

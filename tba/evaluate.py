@@ -72,8 +72,16 @@ def load_model(model_dir: str | Path, device: str = "cpu", base: str | Path | No
     return model, load_tokenizer(model_dir)
 
 
-def complete(model: Any, tokenizer: Any, texts: Sequence[str], *, max_new_tokens: int = 16,
-             temperature: float = 0.0, seed: int | None = None, prompt_format: Any = None) -> list[str]:
+def complete(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    *,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    prompt_format: Any = None,
+) -> list[str]:
     """Completion texts (EOS removed) of prompt texts; greedy when ``temperature`` is 0."""
     from tba.model.generate import eos_ids, generate, strip_eos
     from tba.model.tokenizer import PLAIN
@@ -81,8 +89,15 @@ def complete(model: Any, tokenizer: Any, texts: Sequence[str], *, max_new_tokens
     fmt = prompt_format or PLAIN
     eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    ids = generate(model, [fmt.encode(tokenizer, t) for t in texts], max_new_tokens=max_new_tokens,
-                   eos_id=eos, pad_id=pad, temperature=temperature, seed=seed)
+    ids = generate(
+        model,
+        [fmt.encode(tokenizer, t) for t in texts],
+        max_new_tokens=max_new_tokens,
+        eos_id=eos,
+        pad_id=pad,
+        temperature=temperature,
+        seed=seed,
+    )
     return [tokenizer.decode(strip_eos(c, eos), skip_special_tokens=True) for c in ids]
 
 
@@ -97,13 +112,19 @@ def greedy_accuracy(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any
     """pass@1 with greedy decoding: the figure SFT stops on and the end-to-end run reports."""
     if not prompts:
         raise ValueError("no evaluation prompts")
-    texts = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens,
-                     prompt_format=prompt_format_for(task))
+    texts = complete(
+        model,
+        tokenizer,
+        [p.text for p in prompts],
+        max_new_tokens=max_new_tokens,
+        prompt_format=prompt_format_for(task),
+    )
     return sum(task.success(task.reward(p, t)) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
 
 
-def score_samples(task: Any, prompts: Sequence[Any], completions: Sequence[Sequence[str]],
-                  ks: Sequence[int]) -> dict[str, Any]:
+def score_samples(
+    task: Any, prompts: Sequence[Any], completions: Sequence[Sequence[str]], ks: Sequence[int]
+) -> dict[str, Any]:
     """pass@k, mean reward and distinct correct answers from n sampled completions per prompt."""
     pass_k = {k: 0.0 for k in ks}
     reward_sum, n_total, distinct = 0.0, 0, []
@@ -123,18 +144,44 @@ def score_samples(task: Any, prompts: Sequence[Any], completions: Sequence[Seque
     }
 
 
-def _sampled_metrics(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], samples: int,
-                     ks: Sequence[int], temperature: float, max_new_tokens: int, seed: int,
-                     prompt_format: Any) -> dict[str, Any]:
-    texts = complete(model, tokenizer, [p.text for p in prompts for _ in range(samples)],
-                     max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, prompt_format=prompt_format)
-    groups = [texts[i * samples:(i + 1) * samples] for i in range(len(prompts))]
+def _sampled_metrics(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    prompts: Sequence[Any],
+    samples: int,
+    ks: Sequence[int],
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    prompt_format: Any,
+) -> dict[str, Any]:
+    texts = complete(
+        model,
+        tokenizer,
+        [p.text for p in prompts for _ in range(samples)],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        prompt_format=prompt_format,
+    )
+    groups = [texts[i * samples : (i + 1) * samples] for i in range(len(prompts))]
     return score_samples(task, prompts, groups, ks)
 
 
-def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 200, samples: int = 16,
-                   pass_k: Sequence[int] = (1, 4, 16), temperature: float = 0.7, max_new_tokens: int = 16,
-                   seed: int = 0, system_prompt: str | None = None) -> dict[str, Any]:
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    *,
+    n_prompts: int = 200,
+    samples: int = 16,
+    pass_k: Sequence[int] = (1, 4, 16),
+    temperature: float = 0.7,
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    system_prompt: str | None = None,
+) -> dict[str, Any]:
     """Every figure of this module for a loaded model; ``samples=0`` measures greedy pass@1 only."""
     ks = sorted(set(pass_k))
     if samples and any(not 1 <= k <= samples for k in ks):
@@ -160,15 +207,25 @@ def evaluate_model(model: Any, tokenizer: Any, task: Any, *, n_prompts: int = 20
         "examples": [{"prompt": p.text, "greedy": t} for p, t in zip(prompts[:3], greedy[:3], strict=True)],
     }
     if samples:
-        out.update(_sampled_metrics(model, tokenizer, task, prompts, samples, ks, temperature, max_new_tokens, seed,
-                                    fmt))
+        out.update(
+            _sampled_metrics(model, tokenizer, task, prompts, samples, ks, temperature, max_new_tokens, seed, fmt)
+        )
     out["eval_seconds"] = round(time.monotonic() - start, 3)
     return out
 
 
-def evaluate_checkpoint(model_dir: str | Path, task: Any, n_prompts: int = 200, *,
-                        task_options: dict[str, Any] | None = None, chat_template: str = "auto", device: str = "cpu",
-                        threads: int = 0, base: str | Path | None = None, **kwargs: Any) -> dict[str, Any]:
+def evaluate_checkpoint(
+    model_dir: str | Path,
+    task: Any,
+    n_prompts: int = 200,
+    *,
+    task_options: dict[str, Any] | None = None,
+    chat_template: str = "auto",
+    device: str = "cpu",
+    threads: int = 0,
+    base: str | Path | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
     """Load ``model_dir`` (a model or LoRA adapter directory, or a checkpoint root) and evaluate it on ``task``.
 
     ``task`` is a :class:`~tba.tasks.Task` or a registered name (with ``task_options``, in chat form
@@ -206,15 +263,18 @@ def format_table(result: dict[str, Any]) -> str:
     if result["sampled_reward"] is not None:
         table.add_row("mean sampled reward", f"{result['sampled_reward']:.3f}")
     if result["distinct_correct"] is not None:
-        table.add_row(f"distinct correct answers / prompt (of {result['samples']})",
-                      f"{result['distinct_correct']:.2f}")
+        table.add_row(
+            f"distinct correct answers / prompt (of {result['samples']})", f"{result['distinct_correct']:.2f}"
+        )
     table.add_row("seconds", f"{result['eval_seconds']:.1f}")
     buf = StringIO()
     console = Console(file=buf, width=100)
     form = "chat" if result.get("chat") else "plain"
-    console.print(f"{result['task']} ({form} prompts): {result['n_prompts']} held-out prompts, model "
-                  f"{result.get('model', '?')}",
-                  soft_wrap=True, highlight=False)
+    console.print(
+        f"{result['task']} ({form} prompts): {result['n_prompts']} held-out prompts, model {result.get('model', '?')}",
+        soft_wrap=True,
+        highlight=False,
+    )
     console.print(table)
     return buf.getvalue()
 
@@ -230,10 +290,15 @@ def _ks(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path,
-                        help="Model or LoRA adapter directory, or checkpoint root (its LATEST is used).")
-    parser.add_argument("--base", type=Path, default=None,
-                        help="Base model of a LoRA adapter (default: the directory the adapter records).")
+    parser.add_argument(
+        "checkpoint", type=Path, help="Model or LoRA adapter directory, or checkpoint root (its LATEST is used)."
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="Base model of a LoRA adapter (default: the directory the adapter records).",
+    )
     parser.add_argument("--task", default="arithmetic", help="Task name (arithmetic, countdown, gsm8k, reward-model).")
     parser.add_argument("--task-options", default="{}", help="Task options as JSON, e.g. '{\"digits\": 2}'.")
     parser.add_argument("--n-prompts", type=int, default=200, help="Held-out prompts to evaluate.")
@@ -241,8 +306,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pass-k", type=_ks, default=[1, 4, 16], help="k values of pass@k, comma-separated.")
     parser.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature T.")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="Largest completion length.")
-    parser.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
-                        help="Ask prompts through the model's chat template: auto (when it has one), on, off.")
+    parser.add_argument(
+        "--chat-template",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="Ask prompts through the model's chat template: auto (when it has one), on, off.",
+    )
     parser.add_argument("--system-prompt", default=None, help="System message before each chat prompt.")
     parser.add_argument("--seed", type=int, default=0, help="Sampling seed.")
     parser.add_argument("--threads", type=int, default=0, help="Torch CPU threads (0: the idle cores).")
@@ -256,8 +325,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"tba eval: --task-options is not valid JSON: {args.task_options!r}", file=sys.stderr)
         return 2
     if args.n_prompts < 1 or args.samples < 0 or args.temperature <= 0 or args.max_new_tokens < 1:
-        print("tba eval: need --n-prompts >= 1, --samples >= 0, --temperature > 0, --max-new-tokens >= 1",
-              file=sys.stderr)
+        print(
+            "tba eval: need --n-prompts >= 1, --samples >= 0, --temperature > 0, --max-new-tokens >= 1", file=sys.stderr
+        )
         return 2
     ks = [k for k in args.pass_k if k <= args.samples] if args.samples else []
     if args.samples and len(ks) < len(args.pass_k):
@@ -267,11 +337,21 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         make_task(args.task, options)  # a bad name or option fails before the model loads
-        result = evaluate_checkpoint(args.checkpoint, args.task, args.n_prompts, task_options=options,
-                                     chat_template=args.chat_template, samples=args.samples, pass_k=ks,
-                                     temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                     seed=args.seed, threads=args.threads, system_prompt=args.system_prompt,
-                                     base=args.base)
+        result = evaluate_checkpoint(
+            args.checkpoint,
+            args.task,
+            args.n_prompts,
+            task_options=options,
+            chat_template=args.chat_template,
+            samples=args.samples,
+            pass_k=ks,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            threads=args.threads,
+            system_prompt=args.system_prompt,
+            base=args.base,
+        )
     except (ValueError, OSError, CheckpointError) as err:
         print(f"tba eval: {err}", file=sys.stderr)
         return 2

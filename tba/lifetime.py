@@ -156,8 +156,20 @@ def parse_cpu_list(text: str, what: str = "cpu list") -> list[int]:
 def guard_command(argv: list[str], name: str, grace: float, cpus: list[int] | None = None) -> list[str]:
     """The command that runs ``argv`` under a guard whose parent is this process (on ``cpus`` if given)."""
     where = ["--cpus", ",".join(map(str, cpus))] if cpus else []
-    return [sys.executable, "-m", "tba.lifetime", "--name", name, "--parent", str(os.getpid()),
-            "--grace", str(grace), *where, "--", *argv]
+    return [
+        sys.executable,
+        "-m",
+        "tba.lifetime",
+        "--name",
+        name,
+        "--parent",
+        str(os.getpid()),
+        "--grace",
+        str(grace),
+        *where,
+        "--",
+        *argv,
+    ]
 
 
 def _say(name: str, message: str) -> None:
@@ -193,8 +205,9 @@ def guard(argv: list[str], name: str, parent: int, grace: float) -> None:
     while (code := service.poll()) is None:
         if orphaned_at is None and os.getppid() != parent:
             orphaned_at = time.monotonic()
-            _say(name, f"parent {parent} is gone: stopping the service (SIGTERM; SIGKILL to its group after "
-                       f"{grace:g} s)")
+            _say(
+                name, f"parent {parent} is gone: stopping the service (SIGTERM; SIGKILL to its group after {grace:g} s)"
+            )
             forward(signal.SIGTERM, None)
         elif orphaned_at is not None and time.monotonic() - orphaned_at > grace:
             _say(name, "grace period over: killing the group")
@@ -211,14 +224,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m tba.lifetime",
         description="Run a service as the guard of its process group: forward signals to it, kill what it leaves "
-                    "behind, stop it when the parent is gone.")
+        "behind, stop it when the parent is gone.",
+    )
     parser.add_argument("--name", required=True, help="The service's name, for log lines.")
     parser.add_argument("--parent", type=int, required=True, help="Pid of the supervisor: its death stops all.")
-    parser.add_argument("--grace", type=float, default=10.0,
-                        help="Seconds the service gets between SIGTERM and SIGKILL once the parent is gone, and "
-                             "a resource tracker left in the group to clean up.")
-    parser.add_argument("--cpus", default=None,
-                        help="Run the service and everything it starts on these CPUs (e.g. 0 or 1-3).")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="Seconds the service gets between SIGTERM and SIGKILL once the parent is gone, and "
+        "a resource tracker left in the group to clean up.",
+    )
+    parser.add_argument(
+        "--cpus", default=None, help="Run the service and everything it starts on these CPUs (e.g. 0 or 1-3)."
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the service's command.")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

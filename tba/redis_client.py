@@ -20,8 +20,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 
-def sync_client(url: str, cluster: bool = False, timeout: float | None = None,
-                retry: bool = True) -> redis.Redis | RedisCluster:
+def sync_client(
+    url: str, cluster: bool = False, timeout: float | None = None, retry: bool = True
+) -> redis.Redis | RedisCluster:
     """A client with ``timeout`` seconds for connecting and for each reply. ``retry=False`` fails
     fast (no hidden retries), for callers that own their retry policy."""
     options: dict = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
@@ -54,5 +55,6 @@ def async_client(url: str, cluster: bool = False) -> AsyncRedis:
     retry = DroppedConnectionRetry(ExponentialBackoff(cap=1.0, base=0.05), 4)
     if cluster:
         return AsyncRedisCluster.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError])
-    return aioredis.Redis.from_url(url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                                   health_check_interval=30)
+    return aioredis.Redis.from_url(
+        url, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30
+    )

@@ -91,8 +91,7 @@ def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
         "groups_stored": final_stats.get("groups_stored"),
         "buffer": {k: v for k, v in final_stats.items() if k != "searcher_versions"},
         "trainer_steps": steps[-1].get("step") if steps else None,
-        "staleness": {"mean": mean(stale),
-                      "p95": quantile(stale, 0.95), "max": max(stale) if stale else None},
+        "staleness": {"mean": mean(stale), "p95": quantile(stale, 0.95), "max": max(stale) if stale else None},
         "accuracy_start": evals[0]["accuracy"] if evals else None,
         "accuracy_end": evals[-1]["accuracy"] if evals else None,
         "evaluations": evals,
@@ -104,6 +103,7 @@ def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the summary a person reads first ---------------------------------------------------------------------
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
@@ -135,34 +135,53 @@ def summary_rows(summary: dict[str, Any], timeline: list[dict[str, Any]]) -> lis
     missed = [f"{float(t):.0%}" for t, s in summary["time_to_accuracy_s"].items() if s is None]
     b = summary.get("buffer") or {}
     ingested, duplicates = b.get("samples_ingested"), b.get("samples_duplicate")
-    dup = (f" ({duplicates / ingested:.0%} of ingested)"
-           if isinstance(ingested, int) and ingested and isinstance(duplicates, int) else "")
+    dup = (
+        f" ({duplicates / ingested:.0%} of ingested)"
+        if isinstance(ingested, int) and ingested and isinstance(duplicates, int)
+        else ""
+    )
     stale = summary.get("staleness") or {}
     restarts = ", ".join(f"{k} {v}x" for k, v in summary.get("restarts", {}).items()) or "none"
     versions = summary.get("versions_published") or []
     rows = [
-        ("run", f"{summary['task']}, {summary['mode']} {summary['loss']}, {summary['searchers']} searcher(s), "
-                f"{summary['wall_seconds']:.0f} s"),
-        ("held-out greedy accuracy", f"{_pct(summary.get('accuracy_start'))} → {_pct(summary.get('accuracy_end'))}"
-                                     + (f" (best {best['accuracy']:.1%} at v{best['version']})" if best else "")),
+        (
+            "run",
+            f"{summary['task']}, {summary['mode']} {summary['loss']}, {summary['searchers']} searcher(s), "
+            f"{summary['wall_seconds']:.0f} s",
+        ),
+        (
+            "held-out greedy accuracy",
+            f"{_pct(summary.get('accuracy_start'))} → {_pct(summary.get('accuracy_end'))}"
+            + (f" (best {best['accuracy']:.1%} at v{best['version']})" if best else ""),
+        ),
         ("time to accuracy", ", ".join(reached) or "no target reached"),
         ("targets not reached", ", ".join(missed) or "none"),
-        ("trainer steps", f"{_count(summary.get('trainer_steps'))}, {len(versions)} versions published"
-                          + (f" (last v{versions[-1]})" if versions else "")),
+        (
+            "trainer steps",
+            f"{_count(summary.get('trainer_steps'))}, {len(versions)} versions published"
+            + (f" (last v{versions[-1]})" if versions else ""),
+        ),
         ("samples generated", _count(samples_generated(timeline))),
-        ("samples ingested / stored", f"{_count(ingested)} / {_count(b.get('samples'))} in "
-                                      f"{_count(b.get('prompts'))} prompts"),
+        (
+            "samples ingested / stored",
+            f"{_count(ingested)} / {_count(b.get('samples'))} in {_count(b.get('prompts'))} prompts",
+        ),
         ("duplicates", f"{_count(duplicates)}{dup}"),
         ("evicted / dead-lettered", f"{_count(b.get('samples_evicted'))} / {_count(b.get('samples_dead_lettered'))}"),
-        ("staleness of trained samples", "-" if stale.get("mean") is None else
-         f"mean {stale['mean']:.1f}, p95 {stale['p95']}, max {stale['max']} versions"),
+        (
+            "staleness of trained samples",
+            "-"
+            if stale.get("mean") is None
+            else f"mean {stale['mean']:.1f}, p95 {stale['p95']}, max {stale['max']} versions",
+        ),
         ("restarts", restarts),
         ("events", f"{len(summary.get('events') or [])} (listed below)" if summary.get("events") else "none"),
     ]
-    return [(k, v if len(v) <= MAX_CELL else v[:MAX_CELL - 1] + "…") for k, v in rows]
+    return [(k, v if len(v) <= MAX_CELL else v[: MAX_CELL - 1] + "…") for k, v in rows]
 
 
 # --- plots ------------------------------------------------------------------------------------------------
+
 
 def smooth(values: list[float], window: int) -> np.ndarray:
     """Centred moving average over ``window`` points (shorter at the ends), NaN-free input."""
@@ -208,7 +227,7 @@ def staleness_over_steps(steps: list[dict[str, Any]], bins: int = 40) -> dict[st
         return out
     size = max(1, len(with_hist) // bins)
     for i in range(0, len(with_hist), size):
-        chunk = with_hist[i:i + size]
+        chunk = with_hist[i : i + size]
         counts = staleness_counts(chunk)
         p50, p95, average = quantile(counts, 0.5), quantile(counts, 0.95), mean(counts)
         assert p50 is not None and p95 is not None and average is not None  # every step in chunk has a histogram
@@ -240,13 +259,18 @@ def _plots(run_dir: Path, evals: list[dict[str, Any]], t0: float) -> dict[str, s
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     rewarded = [s for s in steps if s.get("reward_mean") is not None]
     _raw_and_smooth(axes[0], [s["t"] for s in rewarded], [s["reward_mean"] for s in rewarded], "batch reward", "C0")
-    _raw_and_smooth(axes[1], [s["step"] for s in rewarded], [s["reward_mean"] for s in rewarded], "batch reward",
-                    "C0")
+    _raw_and_smooth(axes[1], [s["step"] for s in rewarded], [s["reward_mean"] for s in rewarded], "batch reward", "C0")
     if evals:
-        axes[0].plot([e["t"] for e in evals], [e["accuracy"] for e in evals], "o-", color="C3",
-                     label="held-out greedy accuracy")
-        axes[1].plot([e["version"] for e in evals], [e["accuracy"] for e in evals], "o-", color="C3",
-                     label="held-out greedy accuracy")
+        axes[0].plot(
+            [e["t"] for e in evals], [e["accuracy"] for e in evals], "o-", color="C3", label="held-out greedy accuracy"
+        )
+        axes[1].plot(
+            [e["version"] for e in evals],
+            [e["accuracy"] for e in evals],
+            "o-",
+            color="C3",
+            label="held-out greedy accuracy",
+        )
     axes[0].set_xlabel("seconds since the start")
     axes[1].set_xlabel("trainer step (= policy version)")
     for ax in axes:
@@ -287,12 +311,14 @@ def _plots(run_dir: Path, evals: list[dict[str, Any]], t0: float) -> dict[str, s
     counts = [(r["t"], (r.get("buffer") or {}).get("samples_ingested")) for r in timeline]
     ingested = [(t, float(n)) for t, n in counts if isinstance(n, int)]
     if ingested:
-        _raw_and_smooth(gen_ax, *rate_series([t for t, _ in ingested], [n for _, n in ingested], 10.0),
-                        "buffer (ingested)", "C2")
+        _raw_and_smooth(
+            gen_ax, *rate_series([t for t, _ in ingested], [n for _, n in ingested], 10.0), "buffer (ingested)", "C2"
+        )
     names = sorted({n for r in timeline for n in (r.get("searchers") or {})})
     for i, name in enumerate(names):
-        points = [(r["t"], r["searchers"][name].get("samples_per_s")) for r in timeline
-                  if name in (r.get("searchers") or {})]
+        points = [
+            (r["t"], r["searchers"][name].get("samples_per_s")) for r in timeline if name in (r.get("searchers") or {})
+        ]
         rates = [(t, float(v)) for t, v in points if isinstance(v, int | float)]
         _raw_and_smooth(gen_ax, [t for t, _ in rates], [v for _, v in rates], name, f"C{4 + i % 6}")
     gen_ax.set_title("generated and ingested (samples/s)")
@@ -307,21 +333,29 @@ def _plots(run_dir: Path, evals: list[dict[str, Any]], t0: float) -> dict[str, s
     return figs
 
 
-STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1150px;color:#222}"
-         "table{border-collapse:collapse;margin-bottom:1.5em}td,th{padding:3px 10px;text-align:left;"
-         "border-bottom:1px solid #ddd;font-size:14px;vertical-align:top}th{font-weight:600;white-space:nowrap}"
-         "img{max-width:100%}li{font-size:13px;font-family:monospace}")
+STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:1150px;color:#222}"
+    "table{border-collapse:collapse;margin-bottom:1.5em}td,th{padding:3px 10px;text-align:left;"
+    "border-bottom:1px solid #ddd;font-size:14px;vertical-align:top}th{font-weight:600;white-space:nowrap}"
+    "img{max-width:100%}li{font-size:13px;font-family:monospace}"
+)
 
 
 def write_report(run_dir: Path, summary: dict[str, Any], t0: float) -> Path:
     timeline = read_jsonl(run_dir / "timeline.jsonl")
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                   for k, v in summary_rows(summary, timeline))
+    rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(summary, timeline)
+    )
     events = summary.get("events") or []
-    event_list = ("<h2>Events</h2><ul>" + "".join(f"<li>{html.escape(e[:300])}</li>" for e in events[-50:])
-                  + "</ul>") if events else ""
-    imgs = "".join(f"<h2>{html.escape(t)}</h2><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'>"
-                   for t, b in _plots(run_dir, summary["evaluations"], t0).items())
+    event_list = (
+        ("<h2>Events</h2><ul>" + "".join(f"<li>{html.escape(e[:300])}</li>" for e in events[-50:]) + "</ul>")
+        if events
+        else ""
+    )
+    imgs = "".join(
+        f"<h2>{html.escape(t)}</h2><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'>"
+        for t, b in _plots(run_dir, summary["evaluations"], t0).items()
+    )
     page = (
         f"<!doctype html><meta charset='utf-8'><title>TBA run report</title><style>{STYLE}</style>"
         f"<h1>TBA run: {html.escape(summary['task'])}, {html.escape(summary['mode'])} "

@@ -88,8 +88,9 @@ class _Strict(BaseModel):
 
 
 class _Versioned(_Strict):
-    schema_version: Int = Field(SCHEMA_VERSION, description="Wire schema version of this message.",
-                                json_schema_extra={"enum": _VERSION_ENUM})
+    schema_version: Int = Field(
+        SCHEMA_VERSION, description="Wire schema version of this message.", json_schema_extra={"enum": _VERSION_ENUM}
+    )
 
     @field_validator("schema_version")
     @classmethod
@@ -131,17 +132,23 @@ INT64 = 2**63  # seeds: what msgpack and numpy carry
 class ScoredGroup(_Versioned):
     """All completions one searcher drew for one prompt with one policy version."""
 
-    group_id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=128,
-                          description="Unique id: a resent group is stored once.")
+    group_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        min_length=1,
+        max_length=128,
+        description="Unique id: a resent group is stored once.",
+    )
     prompt_id: str = Field(min_length=1, max_length=256, description="Stable id of the prompt within its task.")
     prompt_text: str = Field(description="Prompt as text.")
     prompt_ids: TokenIds = Field(min_length=1, description="Prompt token ids, exactly as the policy saw them.")
     task: str = Field(min_length=1, max_length=256, description="Task name the prompt and reward come from.")
-    policy_version: Int = Field(ge=0, le=MAX_VERSION,
-                                description="Trainer version of the weights that generated the samples.")
+    policy_version: Int = Field(
+        ge=0, le=MAX_VERSION, description="Trainer version of the weights that generated the samples."
+    )
     searcher_id: str = Field(min_length=1, max_length=256, description="Searcher replica that produced the group.")
-    created_at: float = Field(default_factory=time.time, ge=0, allow_inf_nan=False,
-                              description="Unix time of creation.")
+    created_at: float = Field(
+        default_factory=time.time, ge=0, allow_inf_nan=False, description="Unix time of creation."
+    )
     temperature: Temperature = Field(description="Sampling temperature T of the completions and their log-probs.")
     reference: Identity = Field(description="Identity of the reference model (tba.checkpoints.model_identity).")
     samples: list[ScoredSample] = Field(min_length=1, description="The scored completions (at least one).")
@@ -155,19 +162,26 @@ class SampleRequest(_Strict):
     recency_prob: float = Field(0.5, ge=0.0, le=1.0, description="m: probability of the recency branch per slot.")
     reward_inv_temp: float = Field(0.0, ge=0.0, le=1e6, description="Inverse temperature of the reward softmax.")
     trainer_version: Int = Field(ge=0, le=MAX_VERSION, description="The caller's policy version, to compute staleness.")
-    recent_versions: Int = Field(1, ge=1, le=MAX_VERSION,
-                                 description="Versions counted as 'since the last sync' (recency).")
-    max_staleness: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(None,
-                                      description="Drop samples older than this many versions.")
-    only_version: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(None,
-                                     description="Serve only samples of this exact version, drawn as generated "
-                                                 "(duplicates with their multiplicity): sync mode's on-policy draw.")
+    recent_versions: Int = Field(
+        1, ge=1, le=MAX_VERSION, description="Versions counted as 'since the last sync' (recency)."
+    )
+    max_staleness: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(
+        None, description="Drop samples older than this many versions."
+    )
+    only_version: Annotated[int, Field(ge=0, le=MAX_VERSION), _INTEGRAL] | None = Field(
+        None,
+        description="Serve only samples of this exact version, drawn as generated "
+        "(duplicates with their multiplicity): sync mode's on-policy draw.",
+    )
     seed: Annotated[int, Field(ge=-INT64, lt=INT64), _INTEGRAL] | None = Field(
-        None, description="Seed for a reproducible draw (tests).")
-    temperature: Temperature | None = Field(None, description="The caller's temperature T: the buffer refuses "
-                                                              "(409) to serve a run of another objective.")
-    reference: Identity | None = Field(None, description="The caller's reference model identity (checked like "
-                                                         "the temperature).")
+        None, description="Seed for a reproducible draw (tests)."
+    )
+    temperature: Temperature | None = Field(
+        None, description="The caller's temperature T: the buffer refuses (409) to serve a run of another objective."
+    )
+    reference: Identity | None = Field(
+        None, description="The caller's reference model identity (checked like the temperature)."
+    )
 
 
 class SampledSample(_Strict):

@@ -32,8 +32,7 @@ log = logging.getLogger(__name__)
 # Deprecated names, to be removed: each still supplies the value of whichever of its replacements a
 # service's settings have (replacement field -> what it is), unless that replacement is set itself.
 DEPRECATED: dict[str, dict[str, str]] = {
-    "samples_per_prompt": {"train_samples_per_prompt": "the trainer's K",
-                           "completions_per_prompt": "the searchers' S"},
+    "samples_per_prompt": {"train_samples_per_prompt": "the trainer's K", "completions_per_prompt": "the searchers' S"},
 }
 _logged: set[str] = set()  # the warnings about deprecated names this process has logged
 
@@ -53,8 +52,7 @@ class CommonSettings(BaseSettings):
     log_json: bool = Field(False, description="Structured JSON logs instead of console lines.")
     max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted message in bytes.")
     task: str = Field("arithmetic", description="Task name (arithmetic, countdown, gsm8k, reward-model).")
-    task_options: dict[str, Any] = Field(default_factory=dict,
-                                         description="Task options as JSON, e.g. {\"digits\": 2}.")
+    task_options: dict[str, Any] = Field(default_factory=dict, description='Task options as JSON, e.g. {"digits": 2}.')
     temperature: float = Field(0.7, gt=0.0, le=10.0, description="Sampling temperature T; log-probs use logits/T.")
 
     _deprecations: list[str] = PrivateAttr(default_factory=list)  # warnings about deprecated names read
@@ -89,11 +87,14 @@ class BufferSettings(CommonSettings):
     ingest_block_ms: int = Field(1000, ge=1, le=60_000, description="Longest wait of one XREADGROUP call (ms).")
     trim_interval_seconds: float = Field(5.0, gt=0.0, description="How often acknowledged stream entries are trimmed.")
     dedup_window_seconds: float = Field(
-        3600.0, gt=0.0, le=30 * 86400.0,
+        3600.0,
+        gt=0.0,
+        le=30 * 86400.0,
         description="How long a group id is remembered to refuse a resent group. Costs about 550 bytes of "
-                    "Redis memory per group (group rate x window: 10 groups/s for an hour, 20 MB), beyond the "
-                    "capacities; a group resent later than this (a searcher's spill replayed after a longer "
-                    "outage) is stored again.")
+        "Redis memory per group (group rate x window: 10 groups/s for an hour, 20 MB), beyond the "
+        "capacities; a group resent later than this (a searcher's spill replayed after a longer "
+        "outage) is stored again.",
+    )
     dead_letter_maxlen: int = Field(100_000, ge=1, description="Dead-letter stream length kept (oldest trimmed).")
     dead_letter_payload_bytes: int = Field(65_536, ge=0, description="Bytes of a bad payload kept in its dead letter.")
 
@@ -107,106 +108,154 @@ class ModelSettings(CommonSettings):
     seed: int = Field(0, description="Random seed.")
     metrics_host: str = Field("127.0.0.1", description="Address of the health/metrics HTTP server.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the health/metrics server (0: any free).")
-    lora_rank: int = Field(0, ge=0, le=512, description="LoRA rank r: the trainer trains adapters of this rank on the "
-                           "frozen base and publishes adapter-only checkpoints, the searchers serve them (0: full "
-                           "fine-tuning).")
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        le=512,
+        description="LoRA rank r: the trainer trains adapters of this rank on the "
+        "frozen base and publishes adapter-only checkpoints, the searchers serve them (0: full "
+        "fine-tuning).",
+    )
 
 
 class TrainerSettings(ModelSettings):
     buffer_url: str = Field("http://127.0.0.1:8400", description="Base URL of the buffer service.")
     device: str = Field("cpu", description="Torch device (cpu, cuda, cuda:0).")
     torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0: torch's default).")
-    trainer_procs: int = Field(1, ge=1, le=1024, description="Trainer processes on this host: above 1, `tba trainer` "
-                               "runs itself under torchrun as that many FSDP2 ranks (on GPUs: one per GPU).")
+    trainer_procs: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Trainer processes on this host: above 1, `tba trainer` "
+        "runs itself under torchrun as that many FSDP2 ranks (on GPUs: one per GPU).",
+    )
     loss: Literal["tb", "grpo"] = Field("tb", description="Loss: tb (Trajectory Balance) or grpo (on-policy baseline).")
     mode: Literal["async", "sync"] = Field(
-        "async", description="async: off-policy replay; sync: current version only, a checkpoint every step.")
+        "async", description="async: off-policy replay; sync: current version only, a checkpoint every step."
+    )
     prompts_per_step: int = Field(8, ge=1, le=512, description="P: prompts per optimizer step.")
-    train_samples_per_prompt: int = Field(8, ge=2, le=128, description="K: samples per prompt in a training batch "
-                                          "(log Z needs at least 2).")
+    train_samples_per_prompt: int = Field(
+        8, ge=2, le=128, description="K: samples per prompt in a training batch (log Z needs at least 2)."
+    )
     recency_prob: float = Field(0.95, ge=0.0, le=1.0, description="m: probability of the recency branch.")
     reward_inv_temp: float = Field(0.0, ge=0.0, description="Inverse temperature of the reward branch.")
     max_staleness: int | None = Field(None, ge=0, description="Ignore samples older than this many versions.")
     recent_versions: int | None = Field(
-        None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k).")
+        None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k)."
+    )
     lr: float = Field(3e-5, gt=0.0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     lr_schedule: Literal["constant", "linear", "wsd"] = Field("constant", description="LR schedule after warmup.")
     lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
     lr_decay_fraction: float = Field(
-        0.1, gt=0.0, le=1.0, description="wsd: final fraction of the run (max_steps or max_seconds) that decays.")
+        0.1, gt=0.0, le=1.0, description="wsd: final fraction of the run (max_steps or max_seconds) that decays."
+    )
     beta_start: float = Field(0.05, gt=0.0, description="KL coefficient beta at step 1.")
     beta_end: float | None = Field(
-        None, gt=0.0, description="KL coefficient beta after the anneal (unset: beta_start).",
+        None,
+        gt=0.0,
+        description="KL coefficient beta after the anneal (unset: beta_start).",
     )
     beta_anneal_steps: int = Field(0, ge=0, description="Steps of the linear beta anneal (0: constant).")
     grad_clip: float | None = Field(1.0, gt=0.0, description="Gradient-norm clip (unset: none).")
     token_budget: int = Field(16384, ge=64, description="Padded tokens per micro-batch (gradient accumulation).")
-    prefix_sharing: bool = Field(True, description="Compute each prompt and each shared completion prefix once per "
-                                 "micro-batch (a 4D attention mask; models with sdpa or eager attention), else one "
-                                 "padded row per sample. Same sums and gradients either way.")
+    prefix_sharing: bool = Field(
+        True,
+        description="Compute each prompt and each shared completion prefix once per "
+        "micro-batch (a 4D attention mask; models with sdpa or eager attention), else one "
+        "padded row per sample. Same sums and gradients either way.",
+    )
     checkpoint_every: int = Field(2, ge=1, description="k: publish a checkpoint every k steps (sync mode: 1).")
     keep_checkpoints: int = Field(3, ge=1, description="Published checkpoints kept on disk.")
-    checkpoint_grace_seconds: float = Field(60.0, ge=0.0, description="Never delete a checkpoint younger than this "
-                                            "(a searcher may be loading it), unless max_checkpoints_on_disk are kept.")
-    max_checkpoints_on_disk: int = Field(16, ge=1, description="Bound on checkpoints on disk, young ones included: "
-                                         "publishing every step would otherwise keep a grace period's worth.")
+    checkpoint_grace_seconds: float = Field(
+        60.0,
+        ge=0.0,
+        description="Never delete a checkpoint younger than this "
+        "(a searcher may be loading it), unless max_checkpoints_on_disk are kept.",
+    )
+    max_checkpoints_on_disk: int = Field(
+        16,
+        ge=1,
+        description="Bound on checkpoints on disk, young ones included: "
+        "publishing every step would otherwise keep a grace period's worth.",
+    )
     warmup_samples: int = Field(64, ge=0, description="Samples the buffer must hold before training starts.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (unset: run forever).")
     max_seconds: float | None = Field(
-        None, gt=0.0, description="Stop after this many seconds of running, warm-up included and summed over "
-                                  "restarts (unset: no limit). LR schedules decay towards the nearer limit.")
+        None,
+        gt=0.0,
+        description="Stop after this many seconds of running, warm-up included and summed over "
+        "restarts (unset: no limit). LR schedules decay towards the nearer limit.",
+    )
     poll_seconds: float = Field(0.5, gt=0.0, le=60.0, description="Wait between checks while the buffer lacks data.")
     request_timeout: float = Field(30.0, gt=0.0, description="Timeout of one buffer HTTP request in seconds.")
     metrics_file: Path | None = Field(None, description="Append one JSON line of metrics per step to this file.")
-    tensorboard_dir: Path | None = Field(None, description="Write each step's figures as TensorBoard events here "
-                                         "(tba up: <run dir>/tensorboard; unset: none).")
+    tensorboard_dir: Path | None = Field(
+        None,
+        description="Write each step's figures as TensorBoard events here "
+        "(tba up: <run dir>/tensorboard; unset: none).",
+    )
     wandb: Literal["off", "offline", "online"] = Field(
-        "off", description="Weights & Biases: off, offline (no account; `wandb sync` uploads later) or online "
-        "(WANDB_API_KEY from the environment); needs pip install 'tba[wandb]'.")
+        "off",
+        description="Weights & Biases: off, offline (no account; `wandb sync` uploads later) or online "
+        "(WANDB_API_KEY from the environment); needs pip install 'tba[wandb]'.",
+    )
     wandb_project: str = Field("tba", min_length=1, max_length=128, description="W&B project.")
-    wandb_group: str | None = Field(None, max_length=128, description="W&B group: one system run's trainer and "
-                                    "evaluation runs (tba up: the run directory's name).")
+    wandb_group: str | None = Field(
+        None,
+        max_length=128,
+        description="W&B group: one system run's trainer and evaluation runs (tba up: the run directory's name).",
+    )
     wandb_dir: Path | None = Field(None, description="Where W&B writes its files (unset: the working directory).")
     sample_seed: int | None = Field(None, description="Seed the buffer's draws with this + step (reproducible runs).")
     lora_alpha: float = Field(16.0, gt=0.0, le=1e6, description="LoRA alpha (adapters scale by alpha / r).")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training.")
     lora_target_modules: list[str] = Field(
         default_factory=lambda: list(DEFAULT_TARGETS),
-        description="Module names (JSON list) that get adapters; the default is every attention and MLP projection.")
+        description="Module names (JSON list) that get adapters; the default is every attention and MLP projection.",
+    )
 
     @model_validator(mode="after")
     def _trainer_cross_checks(self) -> TrainerSettings:
         if self.beta_anneal_steps == 0 and self.beta_end is not None and self.beta_end != self.beta_start:
             raise ValueError(
                 f"TBA_BETA_END ({self.beta_end}) differs from TBA_BETA_START ({self.beta_start}) but "
-                "TBA_BETA_ANNEAL_STEPS is 0: set the anneal length, or leave TBA_BETA_END unset")
+                "TBA_BETA_ANNEAL_STEPS is 0: set the anneal length, or leave TBA_BETA_END unset"
+            )
         if self.lr_schedule != "constant" and self.max_steps is None and self.max_seconds is None:
             raise ValueError(
                 f"TBA_LR_SCHEDULE={self.lr_schedule} decays towards TBA_MAX_STEPS or TBA_MAX_SECONDS, both unset: "
-                "set one of them or use TBA_LR_SCHEDULE=constant")
+                "set one of them or use TBA_LR_SCHEDULE=constant"
+            )
         if self.max_steps is not None and self.lr_warmup_steps > self.max_steps:
-            raise ValueError(
-                f"TBA_LR_WARMUP_STEPS ({self.lr_warmup_steps}) exceeds TBA_MAX_STEPS ({self.max_steps})")
+            raise ValueError(f"TBA_LR_WARMUP_STEPS ({self.lr_warmup_steps}) exceeds TBA_MAX_STEPS ({self.max_steps})")
         if self.lora_rank and not self.lora_target_modules:
             raise ValueError("TBA_LORA_TARGET_MODULES is empty: name the modules that get adapters")
         return self
 
 
 class SearcherSettings(ModelSettings):
-    searcher_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
-                             description="This replica's id (also seeds its prompt stream).")
+    searcher_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="This replica's id (also seeds its prompt stream).",
+    )
     completions_per_prompt: int = Field(8, ge=1, description="S: completions generated per prompt.")
     prompts_per_batch: int = Field(16, ge=1, description="Prompts per generation batch.")
     max_new_tokens: int = Field(16, ge=1, le=1 << 20, description="Largest completion length.")
     max_model_len: int = Field(128, ge=16, le=1 << 24, description="vLLM max model length.")
     chat_template: Literal["auto", "on", "off"] = Field(
-        "auto", description="Ask the task's prompts as chat messages through the model's chat template: auto "
-        "(when its tokenizer has one), on (required), off (plain text). Sets how answers are read too.")
-    system_prompt: str | None = Field(None, description="System message before each chat prompt (unset: the "
-                                      "template's own default, if any).")
-    stop: list[str] = Field(default_factory=list, description="Stop strings (JSON list) that end a completion "
-                            "besides the model's EOS tokens; the completion keeps the stop string.")
+        "auto",
+        description="Ask the task's prompts as chat messages through the model's chat template: auto "
+        "(when its tokenizer has one), on (required), off (plain text). Sets how answers are read too.",
+    )
+    system_prompt: str | None = Field(
+        None, description="System message before each chat prompt (unset: the template's own default, if any)."
+    )
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings (JSON list) that end a completion "
+        "besides the model's EOS tokens; the completion keeps the stop string.",
+    )
     kv_cache_gib: float = Field(1.0, gt=0.0, description="vLLM CPU KV-cache space in GiB.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel size.")
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="vLLM GPU memory fraction.")
@@ -214,23 +263,44 @@ class SearcherSettings(ModelSettings):
     spill_max_bytes: int = Field(1 << 30, ge=1024, description="Spill queue bound in bytes.")
     reload_poll_seconds: float = Field(5.0, gt=0.0, description="Fallback check of the latest manifest.")
     max_batches_per_version: int | None = Field(
-        None, ge=1, description="Pause generation after this many batches with one policy version until a newer "
+        None,
+        ge=1,
+        description="Pause generation after this many batches with one policy version until a newer "
         "checkpoint arrives (unset: never, the paper's free-running searchers; set it where searchers and the "
-        "trainer share cores).")
-    pace_max_wait_seconds: float = Field(30.0, gt=0.0, description="Longest pause of a paced searcher before it "
-                                         "generates one more batch anyway.")
+        "trainer share cores).",
+    )
+    pace_max_wait_seconds: float = Field(
+        30.0, gt=0.0, description="Longest pause of a paced searcher before it generates one more batch anyway."
+    )
     enforce_eager: bool | None = Field(None, description="vLLM eager mode (unset: on for the CPU, off on GPUs).")
-    worker_spin_seconds: float = Field(0.01, ge=0.0, le=10.0, description="CPU hosts: how long vLLM's processes "
-                                       "(engine cores, workers) busy-wait on their queues before they sleep (vLLM's "
-                                       "own: 1 s, taken from other services).")
+    worker_spin_seconds: float = Field(
+        0.01,
+        ge=0.0,
+        le=10.0,
+        description="CPU hosts: how long vLLM's processes "
+        "(engine cores, workers) busy-wait on their queues before they sleep (vLLM's "
+        "own: 1 s, taken from other services).",
+    )
     ref_device: str = Field("cpu", description="Torch device of the reference pass (cpu, cuda, cuda:0).")
     ref_token_budget: int = Field(16384, ge=64, description="Padded tokens per reference forward pass.")
-    ref_reuse_at_base: bool = Field(True, description="While the engine serves the base weights, reuse its "
-                                    "log-probs as the reference ones (same model) instead of a second pass.")
-    ref_threads: int | None = Field(None, ge=1, description="Torch threads of the reference pass on the CPU "
-                                    "(unset: one per core the generation worker leaves free, at least one).")
-    ref_nice: int = Field(19, ge=0, le=19, description="CPU hosts: niceness of the scoring thread (reference pass, "
-                          "rewards, publishing), so that generation's steps never wait behind it (0: equal).")
+    ref_reuse_at_base: bool = Field(
+        True,
+        description="While the engine serves the base weights, reuse its "
+        "log-probs as the reference ones (same model) instead of a second pass.",
+    )
+    ref_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Torch threads of the reference pass on the CPU "
+        "(unset: one per core the generation worker leaves free, at least one).",
+    )
+    ref_nice: int = Field(
+        19,
+        ge=0,
+        le=19,
+        description="CPU hosts: niceness of the scoring thread (reference pass, "
+        "rewards, publishing), so that generation's steps never wait behind it (0: equal).",
+    )
     per_token_logprobs: bool = Field(False, description="Also publish per-token behaviour log-probs.")
     redis_timeout_seconds: float = Field(2.0, gt=0.0, description="Redis socket timeout (slower: unreachable).")
     flush_timeout_seconds: float = Field(30.0, ge=0.0, description="Time to publish spilled groups at shutdown.")
@@ -269,8 +339,13 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[CommonSett
     for old in DEPRECATED:
         new = _replacement(cls, old)
         if new is not None:
-            group.add_argument(_flag(old), dest=f"deprecated__{old}", default=None, metavar="VALUE",
-                               help=f"Deprecated, will be removed: use {_flag(new)}. [env {ENV_PREFIX}{old.upper()}]")
+            group.add_argument(
+                _flag(old),
+                dest=f"deprecated__{old}",
+                default=None,
+                metavar="VALUE",
+                help=f"Deprecated, will be removed: use {_flag(new)}. [env {ENV_PREFIX}{old.upper()}]",
+            )
 
 
 def _json_valued(cls: type[CommonSettings], name: str) -> bool:
@@ -283,8 +358,9 @@ def _env(name: str) -> str | None:
     return next((v for k, v in os.environ.items() if k.upper() == name), None)
 
 
-def _deprecated_values(cls: type[CommonSettings], values: dict[str, Any],
-                       flags: dict[str, str]) -> tuple[dict[str, tuple[str, str]], list[str]]:
+def _deprecated_values(
+    cls: type[CommonSettings], values: dict[str, Any], flags: dict[str, str]
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
     """The deprecated names given (flag, else environment) that supply a field, as field -> (old name, value),
     and a warning for every deprecated name given. A replacement set anywhere wins over its deprecated name."""
     supplied: dict[str, tuple[str, str]] = {}

@@ -15,7 +15,10 @@ from tba.settings import DEPRECATED, ENV_PREFIX, BufferSettings, CommonSettings,
 
 START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
 SERVICES: dict[str, type[CommonSettings]] = {
-    "buffer": BufferSettings, "trainer": TrainerSettings, "searcher": SearcherSettings}
+    "buffer": BufferSettings,
+    "trainer": TrainerSettings,
+    "searcher": SearcherSettings,
+}
 
 
 def table() -> str:
@@ -40,8 +43,10 @@ def table() -> str:
     for old, replacements in DEPRECATED.items():
         users = [svc for svc, cls in SERVICES.items() if any(new in cls.model_fields for new in replacements)]
         new = " and ".join(f"`{ENV_PREFIX}{n.upper()}` ({what})" for n, what in replacements.items())
-        rows.append(f"| `{ENV_PREFIX}{old.upper()}` | {', '.join(users)} | unset | Deprecated, will be removed: "
-                    f"supplies {new} where those are unset. |")
+        rows.append(
+            f"| `{ENV_PREFIX}{old.upper()}` | {', '.join(users)} | unset | Deprecated, will be removed: "
+            f"supplies {new} where those are unset. |"
+        )
     return "\n".join(rows)
 
 

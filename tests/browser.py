@@ -18,8 +18,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-         "--no-first-run", "--disable-extensions"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--no-first-run",
+    "--disable-extensions",
+]
 
 
 @dataclass
@@ -46,8 +53,12 @@ def render(page: Path, screenshot: Path, width: int = 1280, height: int = 3000) 
     url = page.resolve().as_uri()
     dom = subprocess.run([chromium(), *FLAGS, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0 and dom.stdout, dom.stderr[-2000:]
-    shot = subprocess.run([chromium(), *FLAGS, f"--window-size={width},{height}", f"--screenshot={screenshot}", url],
-                          capture_output=True, text=True, timeout=120)
+    shot = subprocess.run(
+        [chromium(), *FLAGS, f"--window-size={width},{height}", f"--screenshot={screenshot}", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shot.returncode == 0 and screenshot.exists(), shot.stderr[-2000:]
     return Page(dom=dom.stdout, screenshot=Image.open(screenshot).convert("RGB"))
 

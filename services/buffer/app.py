@@ -51,8 +51,12 @@ def create_app(settings: BufferSettings) -> FastAPI:
         if settings.ingest_enabled:
             task = asyncio.create_task(app.state.ingestor.run(stop), name="ingest")
         app.state.ingest_task = task
-        log.info("buffer ready: redis %s, namespace %r, ingest %s", _safe_url(settings.redis_url),
-                 settings.namespace, "on" if task else "off")
+        log.info(
+            "buffer ready: redis %s, namespace %r, ingest %s",
+            _safe_url(settings.redis_url),
+            settings.namespace,
+            "on" if task else "off",
+        )
         try:
             yield
         finally:
@@ -67,8 +71,12 @@ def create_app(settings: BufferSettings) -> FastAPI:
             await client.aclose()
             log.info("buffer stopped")
 
-    app = FastAPI(title="TBA replay buffer", version="1", lifespan=lifespan,
-                  description="Redis-backed replay buffer: stream ingest, reward-and-recency sampling.")
+    app = FastAPI(
+        title="TBA replay buffer",
+        version="1",
+        lifespan=lifespan,
+        description="Redis-backed replay buffer: stream ingest, reward-and-recency sampling.",
+    )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.auth = BearerAuth(settings.auth_token.get_secret_value() if settings.auth_token else None)
@@ -120,8 +128,10 @@ async def readiness(app: FastAPI) -> tuple[bool, str]:
         return False, f"Redis at {_safe_url(app.state.settings.redis_url)} is unreachable: {type(err).__name__}: {err}"
     policy = next((p for p in sorted(policies) if p in EVICTING_POLICIES), None)
     if policy is not None:
-        return False, (f"Redis maxmemory-policy is {policy}: it would silently delete buffer data; "
-                       "configure `maxmemory-policy noeviction`")
+        return False, (
+            f"Redis maxmemory-policy is {policy}: it would silently delete buffer data; "
+            "configure `maxmemory-policy noeviction`"
+        )
     task = app.state.ingest_task
     if task is not None and task.done():
         return False, "the ingest task has stopped; see the log"
@@ -130,8 +140,12 @@ async def readiness(app: FastAPI) -> tuple[bool, str]:
 
 def ingest_status(app: FastAPI) -> dict[str, Any]:
     ing: Ingestor = app.state.ingestor
-    return {"enabled": app.state.ingest_task is not None, "consumer": ing.consumer, "healthy": ing.healthy,
-            "last_error": ing.last_error}
+    return {
+        "enabled": app.state.ingest_task is not None,
+        "consumer": ing.consumer,
+        "healthy": ing.healthy,
+        "last_error": ing.last_error,
+    }
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

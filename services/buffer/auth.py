@@ -28,11 +28,19 @@ class BearerAuth:
             return
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not given:
-            raise ApiError(401, "unauthorized", "missing bearer token: send 'Authorization: Bearer <TBA_AUTH_TOKEN>'",
-                           {"WWW-Authenticate": 'Bearer realm="tba-buffer"'})
+            raise ApiError(
+                401,
+                "unauthorized",
+                "missing bearer token: send 'Authorization: Bearer <TBA_AUTH_TOKEN>'",
+                {"WWW-Authenticate": 'Bearer realm="tba-buffer"'},
+            )
         if not hmac.compare_digest(_digest(given.strip()), self._digest):
-            raise ApiError(401, "unauthorized", "invalid bearer token",
-                           {"WWW-Authenticate": 'Bearer realm="tba-buffer", error="invalid_token"'})
+            raise ApiError(
+                401,
+                "unauthorized",
+                "invalid bearer token",
+                {"WWW-Authenticate": 'Bearer realm="tba-buffer", error="invalid_token"'},
+            )
 
 
 async def require_token(request: Request) -> None:

@@ -24,6 +24,13 @@ def main(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level, settings.log_json)
     # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: in-flight requests finish,
     # then the lifespan stops the ingest task between batches and closes Redis.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None,
-                log_level=settings.log_level.lower(), timeout_graceful_shutdown=10, access_log=False)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=10,
+        access_log=False,
+    )
     return 0

@@ -59,8 +59,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RedisError)
     async def _redis(_: Request, err: RedisError) -> JSONResponse:
         log.warning("redis error on a request: %s", err)
-        return error_response(503, "redis_unavailable", f"Redis is unavailable: {type(err).__name__}: {err}",
-                              {"Retry-After": "1"})
+        return error_response(
+            503, "redis_unavailable", f"Redis is unavailable: {type(err).__name__}: {err}", {"Retry-After": "1"}
+        )
 
 
 __all__ = ["ApiError", "ErrorResponse", "error_response", "format_validation_error", "install_error_handlers"]

@@ -54,10 +54,18 @@ log = logging.getLogger(__name__)
 
 MAX_STORE_FAILURES = 5
 _FIELD = STREAM_FIELD.encode()
-_TRANSIENT_CLASSES = (RedisConnectionError, RedisTimeoutError, OutOfMemoryError, BusyLoadingError, ReadOnlyError,
-                      TryAgainError, ClusterDownError, MasterDownError, NoScriptError)
-_TRANSIENT = {"OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS",
-              "NOSCRIPT"}
+_TRANSIENT_CLASSES = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OutOfMemoryError,
+    BusyLoadingError,
+    ReadOnlyError,
+    TryAgainError,
+    ClusterDownError,
+    MasterDownError,
+    NoScriptError,
+)
+_TRANSIENT = {"OOM", "BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "NOSCRIPT"}
 Entry = tuple[bytes, dict[bytes, bytes] | None]
 
 
@@ -80,8 +88,9 @@ def count_samples(payload: bytes | None) -> int:
 
 
 class Ingestor:
-    def __init__(self, redis: AsyncRedis, store: BufferStore, settings: BufferSettings,
-                 metrics: BufferMetrics | None = None) -> None:
+    def __init__(
+        self, redis: AsyncRedis, store: BufferStore, settings: BufferSettings, metrics: BufferMetrics | None = None
+    ) -> None:
         self.redis = redis
         self.store = store
         self.settings = settings
@@ -149,8 +158,9 @@ class Ingestor:
 
     async def _read(self, from_id: str, count: int, block: int | None) -> list[Entry]:
         # RESP2 and RESP3 answer in different shapes
-        out: Any = await self.redis.xreadgroup(self.group, self.consumer, {self.stream: from_id}, count=count,
-                                               block=block)
+        out: Any = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: from_id}, count=count, block=block
+        )
         if not out:
             return []
         if isinstance(out, dict):  # RESP3
@@ -162,8 +172,13 @@ class Ingestor:
         handled, start = 0, "0-0"
         for _ in range(100):  # bounded: at most 100 batches per round
             nxt, entries, *_ = await self.redis.xautoclaim(
-                self.stream, self.group, self.consumer, self.settings.claim_idle_ms, start_id=start,
-                count=self.settings.ingest_batch)
+                self.stream,
+                self.group,
+                self.consumer,
+                self.settings.claim_idle_ms,
+                start_id=start,
+                count=self.settings.ingest_batch,
+            )
             if entries:
                 log.info("ingest: reclaimed %d entries idle for %d ms", len(entries), self.settings.claim_idle_ms)
                 handled += await self.process(entries)
@@ -223,8 +238,9 @@ class Ingestor:
             for n in sizes:
                 self.metrics.observe_ingest(kind, n, None)
 
-    async def _account(self, groups: list[ScoredGroup], where: list[StreamEntry],
-                       results: list[WriteResult | Exception]) -> None:
+    async def _account(
+        self, groups: list[ScoredGroup], where: list[StreamEntry], results: list[WriteResult | Exception]
+    ) -> None:
         """Metrics for stored groups; a group whose prompt step failed stays pending, and goes to the
         dead letters after ``MAX_STORE_FAILURES`` attempts."""
         letters = []

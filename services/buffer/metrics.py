@@ -16,27 +16,49 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from services.buffer.store import WriteResult
 
-_GAUGES = ("prompts", "samples", "samples_ingested", "samples_duplicate", "samples_evicted",
-           "samples_dead_lettered", "groups_ingested", "groups_stored", "dead_letters", "samples_served",
-           "dedup_records")
+_GAUGES = (
+    "prompts",
+    "samples",
+    "samples_ingested",
+    "samples_duplicate",
+    "samples_evicted",
+    "samples_dead_lettered",
+    "groups_ingested",
+    "groups_stored",
+    "dead_letters",
+    "samples_served",
+    "dedup_records",
+)
 
 
 class BufferMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("tba_buffer_http_requests", "HTTP requests by route and status",
-                                ["route", "status"], registry=r)
-        self.sample_seconds = Histogram("tba_buffer_sample_seconds", "Latency of POST /v1/sample",
-                                        buckets=(.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5), registry=r)
-        self.ingested = Counter("tba_buffer_ingest_samples", "Samples this replica took from the stream, by outcome",
-                                ["outcome"], registry=r)
-        self.entries = Counter("tba_buffer_ingest_entries", "Stream entries this replica handled, by kind",
-                               ["kind"], registry=r)
-        self.buffer = Gauge("tba_buffer_state", "Buffer-wide figures from Redis (samples unless named)",
-                            ["figure"], registry=r)
-        self.versions = Gauge("tba_buffer_version_samples", "Stored samples per policy version", ["version"],
-                              registry=r)
+        self.requests = Counter(
+            "tba_buffer_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.sample_seconds = Histogram(
+            "tba_buffer_sample_seconds",
+            "Latency of POST /v1/sample",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+            registry=r,
+        )
+        self.ingested = Counter(
+            "tba_buffer_ingest_samples",
+            "Samples this replica took from the stream, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.entries = Counter(
+            "tba_buffer_ingest_entries", "Stream entries this replica handled, by kind", ["kind"], registry=r
+        )
+        self.buffer = Gauge(
+            "tba_buffer_state", "Buffer-wide figures from Redis (samples unless named)", ["figure"], registry=r
+        )
+        self.versions = Gauge(
+            "tba_buffer_version_samples", "Stored samples per policy version", ["version"], registry=r
+        )
         self.rates = RateTracker()
 
     def observe_ingest(self, kind: str, n: int, result: WriteResult | None) -> None:

@@ -38,8 +38,13 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect:  # the client's business, not a fault of ours: one line, no traceback
         client = request.client.host if request.client else "?"
-        log.info("%s %s: the client (%s) went away after %d bytes of the body", request.method,
-                 request.url.path, client, size)
+        log.info(
+            "%s %s: the client (%s) went away after %d bytes of the body",
+            request.method,
+            request.url.path,
+            client,
+            size,
+        )
         raise ApiError(400, "client_disconnected", f"the client went away after {size} bytes of the body") from None
     return b"".join(chunks)
 
@@ -50,8 +55,11 @@ def body_format(request: Request) -> str:
         return "msgpack"
     if ctype in (JSON_MEDIA_TYPE, ""):
         return "json"
-    raise ApiError(415, "unsupported_media_type",
-                   f"Content-Type {ctype!r} is not supported: send {MSGPACK_MEDIA_TYPE} or {JSON_MEDIA_TYPE}")
+    raise ApiError(
+        415,
+        "unsupported_media_type",
+        f"Content-Type {ctype!r} is not supported: send {MSGPACK_MEDIA_TYPE} or {JSON_MEDIA_TYPE}",
+    )
 
 
 async def parse_body(request: Request, schema: type[M], max_bytes: int) -> M:

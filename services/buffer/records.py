@@ -57,13 +57,20 @@ def prompt_view(prompt_id: str, answer: list[Any]) -> PromptView:
         return PromptView(prompt_id, [], "", "", [], [], [], [])
     ids, text, task, *samples = answer
     return PromptView(
-        prompt_id=prompt_id, prompt_ids=msgpack.unpackb(ids), prompt_text=(text or b"").decode(),
-        task=(task or b"").decode(), sample_ids=samples[0::4], versions=[int(v) for v in samples[1::4]],
-        rewards=[float(r) for r in samples[2::4]], copies=[int(c) for c in samples[3::4]])
+        prompt_id=prompt_id,
+        prompt_ids=msgpack.unpackb(ids),
+        prompt_text=(text or b"").decode(),
+        task=(task or b"").decode(),
+        sample_ids=samples[0::4],
+        versions=[int(v) for v in samples[1::4]],
+        rewards=[float(r) for r in samples[2::4]],
+        copies=[int(c) for c in samples[3::4]],
+    )
 
 
-def served_group(view: PromptView, branch: str, picks: list[int], records: list[bytes],
-                 trainer_version: int) -> dict[str, Any]:
+def served_group(
+    view: PromptView, branch: str, picks: list[int], records: list[bytes], trainer_version: int
+) -> dict[str, Any]:
     """The group served for ``view``, as the wire carries a :class:`SampledGroup`: the samples at indices
     ``picks`` of the view, whose records are ``records`` (in the same order).
 
@@ -75,8 +82,14 @@ def served_group(view: PromptView, branch: str, picks: list[int], records: list[
         sample = dict(zip(RECORD_FIELDS, msgpack.unpackb(record, raw=False), strict=True))
         sample.update(reward=view.rewards[i], version=view.versions[i], staleness=trainer_version - view.versions[i])
         samples.append(sample)
-    return {"prompt_id": view.prompt_id, "prompt_ids": view.prompt_ids, "prompt_text": view.prompt_text,
-            "task": view.task, "branch": branch, "samples": samples}
+    return {
+        "prompt_id": view.prompt_id,
+        "prompt_ids": view.prompt_ids,
+        "prompt_text": view.prompt_text,
+        "task": view.task,
+        "branch": branch,
+        "samples": samples,
+    }
 
 
 def served_batch(trainer_version: int, groups: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,8 +102,10 @@ def _check_against_schema() -> None:
     the schema stops the buffer at import instead of serving batches the trainer refuses."""
     for model, fields in ((SampledSample, SERVED_FIELDS), (SampledGroup, GROUP_FIELDS), (SampledBatch, BATCH_FIELDS)):
         if set(model.model_fields) != set(fields):
-            raise RuntimeError(f"services/buffer/records.py serves {model.__name__} as {sorted(fields)}, but the "
-                               f"schema's fields are {sorted(model.model_fields)}")
+            raise RuntimeError(
+                f"services/buffer/records.py serves {model.__name__} as {sorted(fields)}, but the "
+                f"schema's fields are {sorted(model.model_fields)}"
+            )
 
 
 _check_against_schema()

@@ -40,8 +40,10 @@ def read_lua(name: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise RuntimeError(f"the buffer's Lua script {path} is missing: the package was built without "
-                           f"services/buffer/lua/*.lua (package data in pyproject.toml)") from None
+        raise RuntimeError(
+            f"the buffer's Lua script {path} is missing: the package was built without "
+            f"services/buffer/lua/*.lua (package data in pyproject.toml)"
+        ) from None
 
 
 def compose(name: str) -> str:
@@ -81,8 +83,16 @@ class Scripts:
         self._redis = redis
 
     async def load(self) -> None:
-        for script in (self.prompt_step, self.global_step, self.record_intent, self.plan_eviction,
-                       self.dead_letter, self.pin_objective, self.pick_prompts, self.read_prompt):
+        for script in (
+            self.prompt_step,
+            self.global_step,
+            self.record_intent,
+            self.plan_eviction,
+            self.dead_letter,
+            self.pin_objective,
+            self.pick_prompts,
+            self.read_prompt,
+        ):
             await self._redis.script_load(script.script)
 
     async def many(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:

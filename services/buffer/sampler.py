@@ -86,8 +86,9 @@ def softmax(x: Sequence[float], inv_temp: float) -> list[float]:
     return [v / s for v in w]
 
 
-def choose_samples(rng: random.Random, candidates: Sequence[int], rewards: Sequence[float], k: int,
-                   branch: str, inv_temp: float) -> list[int]:
+def choose_samples(
+    rng: random.Random, candidates: Sequence[int], rewards: Sequence[float], k: int, branch: str, inv_temp: float
+) -> list[int]:
     """K indices among ``candidates``: uniform (recency) or softmax(inv_temp · reward) (reward)."""
     n = len(candidates)
     if branch == RECENCY or inv_temp == 0.0:
@@ -134,8 +135,9 @@ class Sampler:
 
     async def _attempt(self, req: SampleRequest, rng: random.Random) -> dict[str, Any] | None:
         branches = draw_branches(rng, req.num_prompts, req.recency_prob)
-        picked = await self._pick(req, recency_slots=branches.count(RECENCY),
-                                  uniforms=[rng.random() for _ in range(2 * req.num_prompts)])
+        picked = await self._pick(
+            req, recency_slots=branches.count(RECENCY), uniforms=[rng.random() for _ in range(2 * req.num_prompts)]
+        )
         # Recency slots beyond the recent prompts available fall back to the reward branch.
         plan = [RECENCY] * picked.recency_taken + [REWARD] * (req.num_prompts - picked.recency_taken)
         th = picked.thresholds
@@ -150,8 +152,10 @@ class Sampler:
             else:
                 idx = choose_samples(rng, cand, view.rewards, req.samples_per_prompt, branch, req.reward_inv_temp)
             chosen.append((view, branch, idx))
-        records = await self._records([(v.prompt_id, [v.sample_ids[i] for i in idx]) for v, _, idx in chosen],
-                                      served=req.num_prompts * req.samples_per_prompt)
+        records = await self._records(
+            [(v.prompt_id, [v.sample_ids[i] for i in idx]) for v, _, idx in chosen],
+            served=req.num_prompts * req.samples_per_prompt,
+        )
         groups = []
         for (view, branch, idx), recs in zip(chosen, records, strict=True):
             present = [r for r in recs if r is not None]
@@ -164,15 +168,23 @@ class Sampler:
         """Draw the batch's prompts from the global indexes, then read each one atomically; raises
         NotEnoughPrompts when fewer than ``num_prompts`` are eligible."""
         store = self.store
-        args = [store.global_prefix, req.trainer_version, req.recent_versions,
-                "" if req.max_staleness is None else req.max_staleness,
-                "" if req.only_version is None else req.only_version,
-                req.num_prompts, recency_slots, *(repr(u) for u in uniforms)]
+        args = [
+            store.global_prefix,
+            req.trainer_version,
+            req.recent_versions,
+            "" if req.max_staleness is None else req.max_staleness,
+            "" if req.only_version is None else req.only_version,
+            req.num_prompts,
+            recency_slots,
+            *(repr(u) for u in uniforms),
+        ]
         answer = await store.scripts.pick_prompts(keys=[store.keys.global_key("newest_version")], args=args)
         eligible, reward_low, *rest = answer
         if not rest:
-            raise NotEnoughPrompts(f"the buffer holds {eligible} eligible prompts, fewer than "
-                                   f"num_prompts={req.num_prompts}{_eligibility_note(req, float(reward_low))}")
+            raise NotEnoughPrompts(
+                f"the buffer holds {eligible} eligible prompts, fewer than "
+                f"num_prompts={req.num_prompts}{_eligibility_note(req, float(reward_low))}"
+            )
         recency_low, recency_taken, *prompts = rest
         prompts = [p.decode() for p in prompts]
         calls = [(store.prompt_script_keys(p), [store.keys.prompt_key(p, "")]) for p in prompts]
@@ -180,9 +192,11 @@ class Sampler:
         for r in read:
             if isinstance(r, Exception):
                 raise r
-        return Picked(recency_taken=int(recency_taken),
-                      thresholds=Thresholds(float(recency_low), float(reward_low), req.only_version),
-                      views=[prompt_view(p, r) for p, r in zip(prompts, read, strict=True)])
+        return Picked(
+            recency_taken=int(recency_taken),
+            thresholds=Thresholds(float(recency_low), float(reward_low), req.only_version),
+            views=[prompt_view(p, r) for p, r in zip(prompts, read, strict=True)],
+        )
 
     async def _records(self, wanted: list[tuple[str, list[bytes]]], served: int) -> list[list[bytes | None]]:
         """The chosen samples' records (None where one was evicted meanwhile), and the served counters,

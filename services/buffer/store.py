@@ -40,9 +40,15 @@ from tba.schemas import ScoredGroup
 from tba.settings import BufferSettings
 
 STAT_COUNTERS = (
-    "samples_ingested", "samples_duplicate", "samples_evicted", "samples_dead_lettered",
-    "groups_ingested", "groups_duplicate", "dead_letters",
-    "samples_served", "sample_requests",
+    "samples_ingested",
+    "samples_duplicate",
+    "samples_evicted",
+    "samples_dead_lettered",
+    "groups_ingested",
+    "groups_duplicate",
+    "dead_letters",
+    "samples_served",
+    "sample_requests",
 )
 # Per-item answers of the global step (global_step.lua).
 APPLIED, RESENT, NOTHING_TO_DO = 0, 1, 2
@@ -85,8 +91,17 @@ class _Item:
     fresh: bool
 
     def args(self) -> list[Any]:
-        return [self.kind, self.group_id, self.token, self.entry_id, self.prompt_id, self.samples, self.label,
-                self.delta, "1" if self.fresh else "0"]
+        return [
+            self.kind,
+            self.group_id,
+            self.token,
+            self.entry_id,
+            self.prompt_id,
+            self.samples,
+            self.label,
+            self.delta,
+            "1" if self.fresh else "0",
+        ]
 
 
 def _counts(delta: bytes) -> tuple[int, int, int]:
@@ -102,8 +117,16 @@ def _label(group: ScoredGroup) -> str:
 
 def group_intent(group: ScoredGroup, at: float) -> bytes:
     """The intent recorded before an HTTP write, for :meth:`BufferStore.recover`."""
-    return pack({"kind": "group", "prompt": group.prompt_id, "group_id": group.group_id,
-                 "samples": len(group.samples), "label": _label(group), "at": at})
+    return pack(
+        {
+            "kind": "group",
+            "prompt": group.prompt_id,
+            "group_id": group.group_id,
+            "samples": len(group.samples),
+            "label": _label(group),
+            "at": at,
+        }
+    )
 
 
 class BufferStore:
@@ -148,25 +171,37 @@ class BufferStore:
         if self._objective is None:
             if temperature is None or reference is None:
                 return None
-            t, r = await self.scripts.pin_objective(keys=[self.keys.objective],
-                                                    args=[repr(float(temperature)), reference])
+            t, r = await self.scripts.pin_objective(
+                keys=[self.keys.objective], args=[repr(float(temperature)), reference]
+            )
             self._objective = (float(t), r.decode() if isinstance(r, bytes) else str(r))
         pinned_t, pinned_r = self._objective
         if temperature in (None, pinned_t) and reference in (None, pinned_r):
             return None
         stated = "unstated" if temperature is None else f"{temperature:g}"
-        return (f"objective mismatch: temperature {stated} and reference model {reference}, but this "
-                f"buffer's run (namespace {self.settings.namespace!r}) samples at temperature {pinned_t:g} and scores "
-                f"against reference model {pinned_r}: configure TBA_TEMPERATURE and TBA_MODEL alike everywhere, "
-                f"or start the new objective in a new TBA_NAMESPACE")
+        return (
+            f"objective mismatch: temperature {stated} and reference model {reference}, but this "
+            f"buffer's run (namespace {self.settings.namespace!r}) samples at temperature {pinned_t:g} and scores "
+            f"against reference model {pinned_r}: configure TBA_TEMPERATURE and TBA_MODEL alike everywhere, "
+            f"or start the new objective in a new TBA_NAMESPACE"
+        )
 
     # --- writes ---
     def _write_args(self, group: ScoredGroup, first_arrival: int, now: float) -> list[Any]:
         """ARGV of the prompt step's 'write' (the group already passed validation)."""
         args: list[Any] = [
-            self.keys.prompt_key(group.prompt_id, ""), "write", group.group_id, repr(now), repr(self.prompt_window),
-            self.settings.per_prompt_capacity, pack(group.prompt_ids), group.prompt_text, group.task,
-            group.policy_version, first_arrival, len(group.samples),
+            self.keys.prompt_key(group.prompt_id, ""),
+            "write",
+            group.group_id,
+            repr(now),
+            repr(self.prompt_window),
+            self.settings.per_prompt_capacity,
+            pack(group.prompt_ids),
+            group.prompt_text,
+            group.task,
+            group.policy_version,
+            first_arrival,
+            len(group.samples),
         ]
         for sample in group.samples:
             args += [sample_id(sample.completion_ids), repr(float(sample.reward)), encode_record(sample)]
@@ -174,8 +209,14 @@ class BufferStore:
 
     async def _global_step(self, items: list[_Item], entry: StreamEntry | None, now: float) -> list[int]:
         """The global step for a batch: returns the samples stored, then one answer per item."""
-        args: list[Any] = [self.global_prefix, repr(now), repr(self.global_window), entry.stream if entry else "",
-                           entry.group if entry else "", len(items)]
+        args: list[Any] = [
+            self.global_prefix,
+            repr(now),
+            repr(self.global_window),
+            entry.stream if entry else "",
+            entry.group if entry else "",
+            len(items),
+        ]
         for item in items:
             args += item.args()
         return [int(x) for x in await self.scripts.global_step(keys=[self.stats_key], args=args)]
@@ -184,10 +225,12 @@ class BufferStore:
         """Store one group that did not come from the stream (HTTP): intent, prompt step, global step,
         then the global capacity. Idempotent by group id."""
         n, now, token = len(group.samples), time.time(), uuid.uuid4().hex
-        first_arrival = await self.scripts.record_intent(keys=[self.intents_key],
-                                                         args=[self.global_prefix, token, group_intent(group, now), n])
-        delta, fresh = await self.scripts.prompt_step(keys=self.prompt_script_keys(group.prompt_id),
-                                                      args=self._write_args(group, first_arrival, now))
+        first_arrival = await self.scripts.record_intent(
+            keys=[self.intents_key], args=[self.global_prefix, token, group_intent(group, now), n]
+        )
+        delta, fresh = await self.scripts.prompt_step(
+            keys=self.prompt_script_keys(group.prompt_id), args=self._write_args(group, first_arrival, now)
+        )
         item = _Item("group", group.group_id, token, "", group.prompt_id, n, _label(group), delta, fresh == 1)
         total, answer = await self._global_step([item], None, now)
         evicted = await self.enforce_capacity(total)
@@ -207,10 +250,21 @@ class BufferStore:
             calls.append((self.prompt_script_keys(group.prompt_id), self._write_args(group, arrival, now)))
             arrival += len(group.samples)
         steps = await self.scripts.many(self.scripts.prompt_step, calls)
-        applied = {i: _Item("group", g.group_id, e.entry_id, e.entry_id, g.prompt_id, len(g.samples), _label(g),
-                            step[0], int(step[1]) == 1)
-                   for i, (g, e, step) in enumerate(zip(groups, where, steps, strict=True))
-                   if not isinstance(step, Exception)}
+        applied = {
+            i: _Item(
+                "group",
+                g.group_id,
+                e.entry_id,
+                e.entry_id,
+                g.prompt_id,
+                len(g.samples),
+                _label(g),
+                step[0],
+                int(step[1]) == 1,
+            )
+            for i, (g, e, step) in enumerate(zip(groups, where, steps, strict=True))
+            if not isinstance(step, Exception)
+        }
         out = list(steps)  # failures stay as they are; the rest become WriteResults below
         if applied:
             total, *answers = await self._global_step(list(applied.values()), where[0], now)
@@ -238,8 +292,9 @@ class BufferStore:
         evicted = 0
         for _ in range(MAX_EVICTION_ROUNDS):
             token = uuid.uuid4().hex
-            plan = await self.scripts.plan_eviction(keys=[self.stats_key],
-                                                    args=[self.global_prefix, cap, token, repr(time.time())])
+            plan = await self.scripts.plan_eviction(
+                keys=[self.stats_key], args=[self.global_prefix, cap, token, repr(time.time())]
+            )
             if not plan:
                 break
             prompt_id, count, bound = plan[0].decode(), int(plan[1]), plan[2]
@@ -248,8 +303,18 @@ class BufferStore:
 
     async def _evict(self, prompt_id: str, token: str, count: int, bound: Any) -> int:
         now = time.time()
-        delta, fresh = await self.scripts.prompt_step(keys=self.prompt_script_keys(prompt_id), args=[
-            self.keys.prompt_key(prompt_id, ""), "evict", token, repr(now), repr(self.prompt_window), count, bound])
+        delta, fresh = await self.scripts.prompt_step(
+            keys=self.prompt_script_keys(prompt_id),
+            args=[
+                self.keys.prompt_key(prompt_id, ""),
+                "evict",
+                token,
+                repr(now),
+                repr(self.prompt_window),
+                count,
+                bound,
+            ],
+        )
         item = _Item("eviction", "", token, "", prompt_id, 0, "", delta, fresh == 1)
         _, answer = await self._global_step([item], None, now)
         return _counts(delta)[2] if answer == APPLIED else 0
@@ -268,12 +333,28 @@ class BufferStore:
             if intent["kind"] == "eviction":
                 await self._evict(intent["prompt"], token, int(intent["count"]), intent["bound"])
             else:
-                delta, _ = await self.scripts.prompt_step(keys=self.prompt_script_keys(intent["prompt"]), args=[
-                    self.keys.prompt_key(intent["prompt"], ""), "recover", intent["group_id"], repr(now),
-                    repr(self.prompt_window)])
+                delta, _ = await self.scripts.prompt_step(
+                    keys=self.prompt_script_keys(intent["prompt"]),
+                    args=[
+                        self.keys.prompt_key(intent["prompt"], ""),
+                        "recover",
+                        intent["group_id"],
+                        repr(now),
+                        repr(self.prompt_window),
+                    ],
+                )
                 if delta:
-                    item = _Item("group", intent["group_id"], token, "", intent["prompt"], int(intent["samples"]),
-                                 intent["label"], delta, False)
+                    item = _Item(
+                        "group",
+                        intent["group_id"],
+                        token,
+                        "",
+                        intent["prompt"],
+                        int(intent["samples"]),
+                        intent["label"],
+                        delta,
+                        False,
+                    )
                     await self._global_step([item], None, now)
                 else:
                     await self.redis.hdel(self.intents_key, token)
@@ -282,15 +363,26 @@ class BufferStore:
 
     def dead_letter_args(self, entry: StreamEntry, reason: str, payload: bytes, n_samples: int) -> list[Any]:
         s = self.settings
-        return [self.global_prefix, self.keys.dead_letters, s.dead_letter_maxlen, entry.entry_id, reason,
-                payload[: s.dead_letter_payload_bytes], s.consumer_name, n_samples, repr(time.time()),
-                entry.stream, entry.group]
+        return [
+            self.global_prefix,
+            self.keys.dead_letters,
+            s.dead_letter_maxlen,
+            entry.entry_id,
+            reason,
+            payload[: s.dead_letter_payload_bytes],
+            s.consumer_name,
+            n_samples,
+            repr(time.time()),
+            entry.stream,
+            entry.group,
+        ]
 
     async def dead_letter(self, letters: list[tuple[StreamEntry, str, bytes, int]]) -> list[Any]:
         """Move bad entries (where, reason, payload, samples) to the dead-letter stream with their reason,
         count them, ack them: one atomic step each. Answers as :meth:`Scripts.many`."""
-        return await self.scripts.many(self.scripts.dead_letter, [([self.stats_key], self.dead_letter_args(*letter))
-                                                                  for letter in letters])
+        return await self.scripts.many(
+            self.scripts.dead_letter, [([self.stats_key], self.dead_letter_args(*letter)) for letter in letters]
+        )
 
     # --- figures ---
     async def stats(self) -> dict[str, Any]:

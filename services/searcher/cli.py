@@ -7,8 +7,10 @@ import sys
 
 from tba.settings import SearcherSettings, add_settings_arguments, load_settings
 
-HELP = ("Run a searcher: generate S completions per prompt with vLLM, score them (task reward, reference "
-        "log-probs), stream them to the buffer, and hot-reload the trainer's checkpoints.")
+HELP = (
+    "Run a searcher: generate S completions per prompt with vLLM, score them (task reward, reference "
+    "log-probs), stream them to the buffer, and hot-reload the trainer's checkpoints."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -137,8 +137,7 @@ def engine_options(settings: SearcherSettings, on_cpu: bool) -> tuple[dict[str, 
     # workers sleep instead of spinning on cores the trainer and the other engines need.
     options["worker_extension_cls"] = "services.searcher.worker_ext.QuietWorker"
     if settings.lora_rank:  # one adapter serves at a time; two fit while the next replaces the last
-        options.update(enable_lora=True, max_lora_rank=vllm_max_rank(settings.lora_rank), max_loras=1,
-                       max_cpu_loras=2)
+        options.update(enable_lora=True, max_lora_rank=vllm_max_rank(settings.lora_rank), max_loras=1, max_cpu_loras=2)
     env: dict[str, str] = {}
     if on_cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(settings.kv_cache_gib)))  # whole GiB
@@ -181,8 +180,13 @@ class Engine:
 
         stop = list(self.settings.stop)
         return SamplingParams(
-            n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0 if logprobs else None,
-            stop=stop or None, include_stop_str_in_output=bool(stop), detokenize=bool(stop),
+            n=n,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            logprobs=0 if logprobs else None,
+            stop=stop or None,
+            include_stop_str_in_output=bool(stop),
+            detokenize=bool(stop),
         )
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params) -> list[list[Completion]]:
@@ -222,8 +226,9 @@ class Engine:
             self._load(weights_dir)
         except Exception as err:
             if not should_restore(stopping(), self.alive()):
-                raise EngineStopped(f"reload of {weights_dir} cut short by shutdown ({err}); "
-                                    "the previous weights are not restored") from err
+                raise EngineStopped(
+                    f"reload of {weights_dir} cut short by shutdown ({err}); the previous weights are not restored"
+                ) from err
             log.error("reload of %s failed (%s); restoring %s", weights_dir, err, self.weights_dir)
             try:
                 self._load(self.weights_dir)
@@ -247,8 +252,10 @@ class Engine:
         from vllm.lora.request import LoRARequest
 
         if not self.settings.lora_rank:
-            raise ReloadError(f"{adapter_dir} is a LoRA adapter but TBA_LORA_RANK is 0 (the engine was started "
-                              "without adapters): set TBA_LORA_RANK to the trainer's rank")
+            raise ReloadError(
+                f"{adapter_dir} is a LoRA adapter but TBA_LORA_RANK is 0 (the engine was started "
+                "without adapters): set TBA_LORA_RANK to the trainer's rank"
+            )
         request = LoRARequest(f"policy-v{version}", version, str(adapter_dir))
         try:
             added = guarded_call(lambda: self.llm.llm_engine.add_lora(request), self.alive, "add_lora")

@@ -93,8 +93,11 @@ def redis_for(settings: SearcherSettings):
 
 def build_watcher(settings: SearcherSettings, version: int) -> CheckpointWatcher:
     return CheckpointWatcher(
-        lambda: redis_for(settings), Keys(settings.namespace),
-        CheckpointStore(settings.checkpoint_dir), settings.reload_poll_seconds, current_version=version,
+        lambda: redis_for(settings),
+        Keys(settings.namespace),
+        CheckpointStore(settings.checkpoint_dir),
+        settings.reload_poll_seconds,
+        current_version=version,
     )
 
 
@@ -114,11 +117,14 @@ class Searcher:
         self.scorer = scorer
         self.searcher_id = settings.searcher_id
         self.prompts = scorer.task.train_prompts(replica_seed(settings.seed, settings.searcher_id))
-        self.params = engine.sampling_params(settings.completions_per_prompt, settings.temperature,
-                                             settings.max_new_tokens)
+        self.params = engine.sampling_params(
+            settings.completions_per_prompt, settings.temperature, settings.max_new_tokens
+        )
         self.spill = spill if spill is not None else SpillQueue(settings.spill_dir, settings.spill_max_bytes)
         self.publisher = Publisher(
-            redis_for(settings), Keys(settings.namespace), self.spill,
+            redis_for(settings),
+            Keys(settings.namespace),
+            self.spill,
             max_payload_bytes=settings.max_payload_bytes,
         )
         self.watcher = watcher if watcher is not None else build_watcher(settings, engine.version)
@@ -235,9 +241,13 @@ class Searcher:
             prompt_ids = self.scorer.prompt_format.encode(self.scorer.tokenizer, prompt.text)
             if len(prompt_ids) > limit:
                 self.skipped_prompts += 1
-                log.warning("skipping prompt %r: %d tokens + %d new exceed TBA_MAX_MODEL_LEN=%d",
-                            prompt.prompt_id, len(prompt_ids), self.settings.max_new_tokens,
-                            self.settings.max_model_len)
+                log.warning(
+                    "skipping prompt %r: %d tokens + %d new exceed TBA_MAX_MODEL_LEN=%d",
+                    prompt.prompt_id,
+                    len(prompt_ids),
+                    self.settings.max_new_tokens,
+                    self.settings.max_model_len,
+                )
                 continue
             prompts.append(prompt)
             ids.append(prompt_ids)
@@ -260,8 +270,11 @@ class Searcher:
 
     def _serving_reference(self) -> bool:
         """True while the engine's weights are the reference model's own (the base, before any reload)."""
-        return (self.settings.ref_reuse_at_base and self.engine.adapter is None
-                and self.engine.weights_dir.resolve() == self._reference_dir)
+        return (
+            self.settings.ref_reuse_at_base
+            and self.engine.adapter is None
+            and self.engine.weights_dir.resolve() == self._reference_dir
+        )
 
     def _hand_over(self, batch: GeneratedBatch) -> None:
         while True:
@@ -271,8 +284,10 @@ class Searcher:
             except queue.Full:
                 self._raise_worker_error()
                 if self._worker is not None and not self._worker.is_alive():
-                    log.warning("the scoring thread stopped during shutdown; abandoned a batch of %d prompts",
-                                len(batch.prompts))
+                    log.warning(
+                        "the scoring thread stopped during shutdown; abandoned a batch of %d prompts",
+                        len(batch.prompts),
+                    )
                     return
 
     def _work(self) -> None:

@@ -82,6 +82,8 @@ class StatusCollector:
 
 def reload_histogram(registry: CollectorRegistry) -> Histogram:
     return Histogram(
-        PREFIX + "reload_seconds", "Generation pause per in-place reload, in seconds.",
-        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=registry,
+        PREFIX + "reload_seconds",
+        "Generation pause per in-place reload, in seconds.",
+        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        registry=registry,
     )

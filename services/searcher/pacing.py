@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 
 class Pacer:
-    def __init__(self, max_batches_per_version: int | None, max_wait_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_batches_per_version: int | None, max_wait_seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = max_batches_per_version
         self.max_wait = max_wait_seconds
         self.clock = clock

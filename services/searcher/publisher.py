@@ -83,8 +83,13 @@ class Publisher:
         for p in payloads:
             self.spill.put(p)
         self.stats.groups_spilled_total += len(payloads)
-        log.info("spilled %d groups to %s (queue: %d groups, %d bytes)",
-                 len(payloads), self.spill.dir, len(self.spill), self.spill.nbytes)
+        log.info(
+            "spilled %d groups to %s (queue: %d groups, %d bytes)",
+            len(payloads),
+            self.spill.dir,
+            len(self.spill),
+            self.spill.nbytes,
+        )
         self.pump()
 
     def pump(self) -> None:
@@ -116,8 +121,11 @@ class Publisher:
             if now >= deadline:
                 break
             time.sleep(min(max(self._next_try - now, 0.01), deadline - now))
-        log.warning("shutting down with %d groups in the spill queue %s; the next start publishes them",
-                    len(self.spill), self.spill.dir)
+        log.warning(
+            "shutting down with %d groups in the spill queue %s; the next start publishes them",
+            len(self.spill),
+            self.spill.dir,
+        )
         return False
 
     # --- internals ---
@@ -148,8 +156,11 @@ class Publisher:
         self._next_try = self._clock() + delay
         self.stats.last_error = f"{type(err).__name__}: {err}"
         if self.stats.redis_ok:
-            log.warning("Redis unreachable (%s): spilling groups to %s, retrying with backoff",
-                        self.stats.last_error, self.spill.dir)
+            log.warning(
+                "Redis unreachable (%s): spilling groups to %s, retrying with backoff",
+                self.stats.last_error,
+                self.spill.dir,
+            )
         else:
             log.info("Redis still unreachable (%s); next retry in %.2f s", self.stats.last_error, delay)
         self.stats.redis_ok = False

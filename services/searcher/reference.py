@@ -38,9 +38,11 @@ class Reference:
         self.model.to(settings.ref_device).eval()  # type: ignore[arg-type]  # transformers types .to as an unbound wrapper
         self.vocab_size = int(self.model.config.vocab_size)
         if not takes_tree_mask(self.model):
-            raise ValueError(f"{settings.model}: the reference pass needs attention that takes a 4D mask "
-                             f"({' or '.join(MASKED_ATTENTION)}), this model loads with "
-                             f"{self.model.config._attn_implementation!r}")
+            raise ValueError(
+                f"{settings.model}: the reference pass needs attention that takes a 4D mask "
+                f"({' or '.join(MASKED_ATTENTION)}), this model loads with "
+                f"{self.model.config._attn_implementation!r}"
+            )
         if torch.device(settings.ref_device).type == "cpu":
             # The generation worker has its own cores: more threads than the spare ones would take from it.
             torch.set_num_threads(settings.ref_threads or max(1, len(spare_cpus())))
@@ -49,5 +51,11 @@ class Reference:
         """log pi_ref(y_i|x_i) under logits/T for each pair, in order."""
         from tba.model.logprobs import shared_prefix_logprobs_chunked
 
-        return shared_prefix_logprobs_chunked(self.model, prompt_ids, completion_ids, self.settings.temperature,
-                                              self.pad_id, self.settings.ref_token_budget)
+        return shared_prefix_logprobs_chunked(
+            self.model,
+            prompt_ids,
+            completion_ids,
+            self.settings.temperature,
+            self.pad_id,
+            self.settings.ref_token_budget,
+        )

@@ -48,8 +48,9 @@ class GeneratedBatch:
 class Scorer:
     """Holds the reference model and the task; turns a :class:`GeneratedBatch` into ScoredGroups."""
 
-    def __init__(self, settings: SearcherSettings, task: Task, searcher_id: str,
-                 reference: Reference | None = None) -> None:
+    def __init__(
+        self, settings: SearcherSettings, task: Task, searcher_id: str, reference: Reference | None = None
+    ) -> None:
         self.settings = settings
         self.task = task
         self.searcher_id = searcher_id
@@ -73,8 +74,9 @@ class Scorer:
         Each distinct (prompt, completion) pair is scored once: a policy that has learned a prompt
         samples the same completion many times over (most of a batch, late in a run)."""
         index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-        slots = [index.setdefault((tuple(p), tuple(c)), len(index)) for p, c in zip(prompt_ids, completion_ids,
-                                                                                    strict=True)]
+        slots = [
+            index.setdefault((tuple(p), tuple(c)), len(index)) for p, c in zip(prompt_ids, completion_ids, strict=True)
+        ]
         self.ref_pairs_total += len(slots)
         self.ref_pairs_scored += len(index)
         if not index:
@@ -102,8 +104,12 @@ class Scorer:
             rewards = self.task.rewards(prompt, [text for _, _, text in items])
             samples = [
                 ScoredSample(
-                    completion_ids=c.token_ids, completion_text=text, reward=reward,
-                    logprob_sum=c.logprob_sum, ref_logprob_sum=r, finish_reason=c.finish_reason,
+                    completion_ids=c.token_ids,
+                    completion_text=text,
+                    reward=reward,
+                    logprob_sum=c.logprob_sum,
+                    ref_logprob_sum=r,
+                    finish_reason=c.finish_reason,
                     token_logprobs=c.token_logprobs,
                 )
                 for (c, r, text), reward in zip(items, rewards, strict=True)
@@ -111,11 +117,19 @@ class Scorer:
             ]
             if not samples:
                 continue
-            groups.append(ScoredGroup(
-                prompt_id=prompt.prompt_id, prompt_text=prompt.text, prompt_ids=ids, task=self.task.name,
-                policy_version=batch.version, searcher_id=self.searcher_id, samples=samples,
-                temperature=self.temperature, reference=self.reference_id,
-            ))
+            groups.append(
+                ScoredGroup(
+                    prompt_id=prompt.prompt_id,
+                    prompt_text=prompt.text,
+                    prompt_ids=ids,
+                    task=self.task.name,
+                    policy_version=batch.version,
+                    searcher_id=self.searcher_id,
+                    samples=samples,
+                    temperature=self.temperature,
+                    reference=self.reference_id,
+                )
+            )
         return groups
 
     def _in_bounds(self, **values: tuple[float, float]) -> bool:
@@ -129,15 +143,26 @@ class Scorer:
     def _usable(self, c: Completion) -> bool:
         """The loss cannot use an empty or aborted completion, one without a finite log-prob, or one with a
         token id the model has no embedding for."""
-        ok = (c.token_ids and c.finish_reason in ("stop", "length")
-              and math.isfinite(c.logprob_sum) and abs(c.logprob_sum) <= MAX_ABS_LOGPROB)
+        ok = (
+            c.token_ids
+            and c.finish_reason in ("stop", "length")
+            and math.isfinite(c.logprob_sum)
+            and abs(c.logprob_sum) <= MAX_ABS_LOGPROB
+        )
         if ok and 0 <= min(c.token_ids) and max(c.token_ids) < self.vocab_size:
             return True
         self.dropped += 1
         if ok:
-            log.warning("dropping a completion with token ids outside the vocabulary [0, %d): %s", self.vocab_size,
-                        [t for t in c.token_ids if not 0 <= t < self.vocab_size][:5])
+            log.warning(
+                "dropping a completion with token ids outside the vocabulary [0, %d): %s",
+                self.vocab_size,
+                [t for t in c.token_ids if not 0 <= t < self.vocab_size][:5],
+            )
         else:
-            log.warning("dropping a completion the loss cannot use (%d tokens, log-prob %s, finish %s)",
-                        len(c.token_ids), c.logprob_sum, c.finish_reason)
+            log.warning(
+                "dropping a completion the loss cannot use (%d tokens, log-prob %s, finish %s)",
+                len(c.token_ids),
+                c.logprob_sum,
+                c.finish_reason,
+            )
         return False

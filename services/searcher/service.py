@@ -64,10 +64,12 @@ def run_service(settings: SearcherSettings, task: Task) -> int:
         raise StartupError(f"TBA_SPILL_DIR / --spill-dir: {err}") from None
     proc = _Process(settings)
     registry = CollectorRegistry()
-    health = HealthServer(settings.metrics_host, settings.metrics_port, proc.ready, registry=registry,
-                          status=proc.status).start()
-    log.info("searcher %s: health and metrics on http://%s:%d", settings.searcher_id, settings.metrics_host,
-             health.port)
+    health = HealthServer(
+        settings.metrics_host, settings.metrics_port, proc.ready, registry=registry, status=proc.status
+    ).start()
+    log.info(
+        "searcher %s: health and metrics on http://%s:%d", settings.searcher_id, settings.metrics_host, health.port
+    )
     previous = {sig: signal.signal(sig, proc.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         watcher = build_watcher(settings, version=0)

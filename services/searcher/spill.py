@@ -47,8 +47,9 @@ class SpillQueue:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock_fd)
-            raise SpillLockedError(f"spill directory {self.dir} is in use by another searcher "
-                                   "(give each replica its own TBA_SPILL_DIR)") from None
+            raise SpillLockedError(
+                f"spill directory {self.dir} is in use by another searcher (give each replica its own TBA_SPILL_DIR)"
+            ) from None
         found: dict[int, int] = {}
         for path in self.dir.glob(f"*{SUFFIX}"):
             stem = path.name.removesuffix(SUFFIX)
@@ -62,8 +63,11 @@ class SpillQueue:
         self._nbytes = sum(self._sizes.values())
         self.bad_entries = 0
         if self._sizes:
-            log.warning("spill queue %s holds %d groups from a previous run; they will be published first",
-                        self.dir, len(self._sizes))
+            log.warning(
+                "spill queue %s holds %d groups from a previous run; they will be published first",
+                self.dir,
+                len(self._sizes),
+            )
 
     def __len__(self) -> int:
         return len(self._sizes)

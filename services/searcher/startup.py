@@ -78,8 +78,10 @@ def check_chat(settings: SearcherSettings, tokenizer) -> bool:
     try:
         return uses_chat(tokenizer, settings.chat_template)
     except ValueError:
-        raise StartupError(f"TBA_CHAT_TEMPLATE / --chat-template: 'on', but the tokenizer in {settings.model} has "
-                           "no chat template (use auto or off)") from None
+        raise StartupError(
+            f"TBA_CHAT_TEMPLATE / --chat-template: 'on', but the tokenizer in {settings.model} has "
+            "no chat template (use auto or off)"
+        ) from None
 
 
 def check_all(settings: SearcherSettings) -> Task:

@@ -104,8 +104,13 @@ class CheckpointWatcher:
                 return
             self._rejected.add((manifest.version, manifest.content_hash))
             self.rejected += 1
-            log.error("refusing checkpoint v%d (from the %s): %s; keeping version %d",
-                      manifest.version, source, err, self.current_version)
+            log.error(
+                "refusing checkpoint v%d (from the %s): %s; keeping version %d",
+                manifest.version,
+                source,
+                err,
+                self.current_version,
+            )
             return
         with self._lock:
             if self._ready is None or manifest.version > self._ready.version:

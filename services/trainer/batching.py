@@ -109,9 +109,13 @@ def plan_micro_batches(rows: list[Row], token_budget: int) -> list[MicroBatch]:
     for plan in plans:
         first = plan[0]  # a prompt over the budget is alone in its micro-batch
         if len(units[first]) * longest[first] > token_budget:
-            log.warning("one prompt's %d samples need %d padded tokens, over the budget of %d: "
-                        "it gets a micro-batch of its own (log Z needs all of them)",
-                        len(units[first]), len(units[first]) * longest[first], token_budget)
+            log.warning(
+                "one prompt's %d samples need %d padded tokens, over the budget of %d: "
+                "it gets a micro-batch of its own (log Z needs all of them)",
+                len(units[first]),
+                len(units[first]) * longest[first],
+                token_budget,
+            )
     return [_collate([units[i] for i in plan]) for plan in plans]
 
 

@@ -53,8 +53,17 @@ class TrainerState:
     settings: dict[str, Any] = field(default_factory=dict)  # for humans: what the run was started with
 
 
-def save_checkpoint(store: CheckpointStore, model, tokenizer, optimizer, scheduler, state: TrainerState, *,
-                    model_state: dict | None = None, optimizer_state: dict | None = None) -> CheckpointManifest:
+def save_checkpoint(
+    store: CheckpointStore,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    state: TrainerState,
+    *,
+    model_state: dict | None = None,
+    optimizer_state: dict | None = None,
+) -> CheckpointManifest:
     """Write model, tokenizer and trainer state into a temporary directory and commit it as ``state.step``.
 
     ``model_state`` and ``optimizer_state``: the whole states gathered from the ranks of a sharded trainer
@@ -120,8 +129,9 @@ def find_resume_point(store: CheckpointStore) -> ResumePoint | None:
             if latest is not None and latest.version == version:
                 store.verify(latest)
                 return ResumePoint(directory, latest, state)
-            manifest = CheckpointManifest(version=version, step=state.step, path=directory.name,
-                                          content_hash=content_hash(directory))
+            manifest = CheckpointManifest(
+                version=version, step=state.step, path=directory.name, content_hash=content_hash(directory)
+            )
             store.write_manifest(manifest)
             return ResumePoint(directory, manifest, state)
         except (CheckpointError, OSError, ValueError, KeyError) as err:

@@ -41,12 +41,19 @@ class StopRequested(Exception):
 
 
 class BufferClient:
-    def __init__(self, base_url: str, *, auth_token: str | None = None, timeout: float = 30.0,
-                 max_bytes: int = 8 << 20, stop: threading.Event | None = None,
-                 delays: Iterator[float] | None = None, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        auth_token: str | None = None,
+        timeout: float = 30.0,
+        max_bytes: int = 8 << 20,
+        stop: threading.Event | None = None,
+        delays: Iterator[float] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                 transport=transport)
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
         self.base_url = base_url
         self.max_bytes = max_bytes
         self.stop = stop or threading.Event()
@@ -59,8 +66,12 @@ class BufferClient:
 
     def sample(self, request: SampleRequest) -> SampledBatch | None:
         """A batch, or None when the buffer does not hold enough eligible samples yet (409)."""
-        resp = self._send("POST", "/v1/sample", content=encode(request),
-                          headers={"Content-Type": MSGPACK_MEDIA_TYPE, "Accept": MSGPACK_MEDIA_TYPE})
+        resp = self._send(
+            "POST",
+            "/v1/sample",
+            content=encode(request),
+            headers={"Content-Type": MSGPACK_MEDIA_TYPE, "Accept": MSGPACK_MEDIA_TYPE},
+        )
         if resp.status_code == 409:
             if _error_code(resp) == "objective_mismatch":
                 raise BufferRequestError(f"the buffer refuses this trainer: {resp.json()['error']['message']}")

@@ -67,8 +67,11 @@ class Ranks:
 
     @classmethod
     def from_env(cls) -> Ranks:
-        return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
-                   int(os.environ.get("LOCAL_RANK", "0")))
+        return cls(
+            int(os.environ.get("RANK", "0")),
+            int(os.environ.get("WORLD_SIZE", "1")),
+            int(os.environ.get("LOCAL_RANK", "0")),
+        )
 
     def start(self, device: str) -> str:
         """Join the process group (NCCL on GPUs, gloo on the CPU); returns this rank's device."""
@@ -172,12 +175,12 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: 
     options = StateDictOptions(full_state_dict=True, cpu_offload=ranks.distributed)
     if not ranks.distributed:
         return model.state_dict(), get_optimizer_state_dict(model, optimizer, options=options)
-    return (get_model_state_dict(model, options=options),
-            get_optimizer_state_dict(model, optimizer, options=options))
+    return (get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options))
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict | None,
-                         ranks: Ranks) -> None:
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict | None, ranks: Ranks
+) -> None:
     """Restore an optimizer state saved by :func:`full_state` (rank 0 read it; the others pass None).
 
     One process maps the names back to its parameters itself; N ranks take their shards of it from rank 0.

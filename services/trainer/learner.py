@@ -50,9 +50,21 @@ class StepResult:
 class Learner:
     """Owns the policy and its optimizer; :meth:`step` is the whole gradient update."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, loss_fn: LossFn,
-                 *, temperature: float, pad_id: int, token_budget: int, grad_clip: float | None,
-                 compute_dtype: str = "float32", prefix_sharing: bool = True, ranks: Ranks = ONE_PROCESS) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        loss_fn: LossFn,
+        *,
+        temperature: float,
+        pad_id: int,
+        token_budget: int,
+        grad_clip: float | None,
+        compute_dtype: str = "float32",
+        prefix_sharing: bool = True,
+        ranks: Ranks = ONE_PROCESS,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -70,8 +82,9 @@ class Learner:
         # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.
         self.logprobs = shared_prefix_logprobs if prefix_sharing and takes_tree_mask(model) else sequence_logprobs
 
-    def accumulate(self, micro: list[MicroBatch], beta: float, denom: int,
-                   at_least: int = 0) -> tuple[dict[str, float], int, int]:
+    def accumulate(
+        self, micro: list[MicroBatch], beta: float, denom: int, at_least: int = 0
+    ) -> tuple[dict[str, float], int, int]:
         """Forward and backward every micro-batch; gradients add up to those of the whole batch.
 
         ``denom``: the whole batch's sample count (under torchrun ``micro`` holds one rank's share of it);
@@ -82,8 +95,12 @@ class Learner:
         for mb in micro:
             with autocast(self.device, self.compute_dtype):
                 log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id)
-            x = LossInput(log_pi=log_pi.float(), log_ref=mb.log_ref.to(self.device),
-                          reward=mb.reward.to(self.device), prompt_index=mb.prompt_index.to(self.device))
+            x = LossInput(
+                log_pi=log_pi.float(),
+                log_ref=mb.log_ref.to(self.device),
+                reward=mb.reward.to(self.device),
+                prompt_index=mb.prompt_index.to(self.device),
+            )
             out = self.loss_fn(x, beta, denom)
             (out.loss * self.ranks.world).backward()  # FSDP averages the ranks' gradients: make it their sum
             for k, v in out.metrics.items():
@@ -121,8 +138,14 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return StepResult(
-            metrics=metrics, samples=len(rows), prompts=int(metrics["prompts"]), tokens=tokens,
-            micro_batches=n_micro, seconds=time.perf_counter() - start, grad_norm=grad_norm, lr=lr,
+            metrics=metrics,
+            samples=len(rows),
+            prompts=int(metrics["prompts"]),
+            tokens=tokens,
+            micro_batches=n_micro,
+            seconds=time.perf_counter() - start,
+            grad_norm=grad_norm,
+            lr=lr,
             staleness=staleness_histogram(rows),
         )
 

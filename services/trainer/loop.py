@@ -119,22 +119,36 @@ class Trainer:
         if not self.ranks.main:  # the others only compute: rank 0 talks to the buffer, Redis and Prometheus
             self.load_policy()
             return
-        self.health = HealthServer(s.metrics_host, s.metrics_port, self.ready, self.metrics.registry,
-                                   status=self.status).start()
+        self.health = HealthServer(
+            s.metrics_host, s.metrics_port, self.ready, self.metrics.registry, status=self.status
+        ).start()
         log.info("trainer health and metrics on http://%s:%d (/status, /metrics)", s.metrics_host, self.health.port)
         # The run's settings travel with a W&B run; the token and the Redis URL (it may hold a password) do not.
-        self.metrics.tracker = Tracker(s.tensorboard_dir, name="trainer", wandb_mode=s.wandb,
-                                       wandb_project=s.wandb_project, wandb_group=s.wandb_group, wandb_dir=s.wandb_dir,
-                                       config=s.model_dump(mode="json", exclude={"auth_token", "redis_url"}))
+        self.metrics.tracker = Tracker(
+            s.tensorboard_dir,
+            name="trainer",
+            wandb_mode=s.wandb,
+            wandb_project=s.wandb_project,
+            wandb_group=s.wandb_group,
+            wandb_dir=s.wandb_dir,
+            config=s.model_dump(mode="json", exclude={"auth_token", "redis_url"}),
+        )
         if s.loss == "grpo" and s.mode == "async":
-            log.warning("loss=grpo is an on-policy estimator: in async mode it trains on stale samples "
-                        "without importance weights (use mode=sync for the on-policy baseline)")
+            log.warning(
+                "loss=grpo is an on-policy estimator: in async mode it trains on stale samples "
+                "without importance weights (use mode=sync for the on-policy baseline)"
+            )
         resume = self.load_policy()
         self.reference = model_identity(Path(s.model))  # the reference is the base model, in every run
         log.info("objective: temperature %g, reference model %s (%s)", s.temperature, self.reference, s.model)
         token = s.auth_token.get_secret_value() if s.auth_token else None
-        self._client = BufferClient(s.buffer_url, auth_token=token, timeout=s.request_timeout,
-                                   max_bytes=max(s.max_payload_bytes, 64 << 20), stop=self.stop)
+        self._client = BufferClient(
+            s.buffer_url,
+            auth_token=token,
+            timeout=s.request_timeout,
+            max_bytes=max(s.max_payload_bytes, 64 << 20),
+            stop=self.stop,
+        )
         redis_client = sync_client(s.redis_url, s.redis_cluster, timeout=5)
         self._announcer = Announcer(redis_client, Keys(s.namespace))
         self.metrics.set_version(self.published)
@@ -150,8 +164,10 @@ class Trainer:
         s = self.settings
         resume = self.ranks.broadcast(find_resume_point(self.store) if self.ranks.main else None)
         if resume is None and not (Path(s.model) / "config.json").is_file():
-            raise SettingsError(f"TBA_MODEL / --model: {s.model} holds no Hugging Face model (no config.json); "
-                                f"make one with `tba model init --out {s.model}`")
+            raise SettingsError(
+                f"TBA_MODEL / --model: {s.model} holds no Hugging Face model (no config.json); "
+                f"make one with `tba model init --out {s.model}`"
+            )
         # A LoRA checkpoint holds the adapters only: the tokenizer is the base's.
         self._tokenizer = tokenizer = load_tokenizer(resume.directory if resume and not s.lora_rank else s.model)
         if resume is None:  # before the model: new adapters are initialised from the RNG
@@ -172,9 +188,19 @@ class Trainer:
         else:
             log.info("starting from the base model %s (version 0)", s.model)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._learner = Learner(model, optimizer, scheduler, make_loss(s.loss), temperature=s.temperature,
-                               pad_id=pad_id, token_budget=s.token_budget, grad_clip=s.grad_clip,
-                               compute_dtype=s.dtype, prefix_sharing=s.prefix_sharing, ranks=self.ranks)
+        self._learner = Learner(
+            model,
+            optimizer,
+            scheduler,
+            make_loss(s.loss),
+            temperature=s.temperature,
+            pad_id=pad_id,
+            token_budget=s.token_budget,
+            grad_clip=s.grad_clip,
+            compute_dtype=s.dtype,
+            prefix_sharing=s.prefix_sharing,
+            ranks=self.ranks,
+        )
         return resume
 
     def load_model(self, checkpoint: Path | None):
@@ -190,19 +216,27 @@ class Trainer:
             raise SettingsError(
                 f"TBA_LORA_RANK={s.lora_rank}, but the checkpoint to resume ({checkpoint}) is "
                 f"{'an adapter' if is_adapter(checkpoint) else 'a full model'}: resume with the run's settings, "
-                f"or start a new run in another TBA_CHECKPOINT_DIR")
+                f"or start a new run in another TBA_CHECKPOINT_DIR"
+            )
         if not s.lora_rank:
             return AutoModelForCausalLM.from_pretrained(str(checkpoint or s.model), dtype=torch.float32)
         base = AutoModelForCausalLM.from_pretrained(str(s.model), dtype=torch.float32)
         try:
-            model = wrap_for_training(base, s.model, s.lora_rank, s.lora_alpha, s.lora_dropout,
-                                      s.lora_target_modules, resume_from=checkpoint)
+            model = wrap_for_training(
+                base, s.model, s.lora_rank, s.lora_alpha, s.lora_dropout, s.lora_target_modules, resume_from=checkpoint
+            )
         except (AdapterError, ValueError) as err:  # peft: a target module the model does not have
             raise SettingsError(f"TBA_LORA_*: {err}") from err
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in model.parameters())
-        log.info("LoRA rank %d on %s: %d trainable parameters of %d (%.2f%%)", s.lora_rank,
-                 ",".join(s.lora_target_modules), trainable, total, 100 * trainable / total)
+        log.info(
+            "LoRA rank %d on %s: %d trainable parameters of %d (%.2f%%)",
+            s.lora_rank,
+            ",".join(s.lora_target_modules),
+            trainable,
+            total,
+            100 * trainable / total,
+        )
         return model
 
     def ready(self) -> tuple[bool, str]:
@@ -215,9 +249,16 @@ class Trainer:
 
     def status(self) -> dict:
         out = self.metrics.status()
-        out.update(step=self.step, version=self.published, mode=self.settings.mode, loss_name=self.settings.loss,
-                   max_steps=self.settings.max_steps, samples_seen=self.samples_seen, tokens_seen=self.tokens_seen,
-                   run_seconds=round(self.run_seconds(), 1))
+        out.update(
+            step=self.step,
+            version=self.published,
+            mode=self.settings.mode,
+            loss_name=self.settings.loss,
+            max_steps=self.settings.max_steps,
+            samples_seen=self.samples_seen,
+            tokens_seen=self.tokens_seen,
+            run_seconds=round(self.run_seconds(), 1),
+        )
         return out
 
     # ---- the loop -----------------------------------------------------------------------------------------
@@ -263,8 +304,9 @@ class Trainer:
 
     def budget_spent(self) -> bool:
         s = self.settings
-        return ((s.max_steps is not None and self.step >= s.max_steps)
-                or (s.max_seconds is not None and self.run_seconds() >= s.max_seconds))
+        return (s.max_steps is not None and self.step >= s.max_steps) or (
+            s.max_seconds is not None and self.run_seconds() >= s.max_seconds
+        )
 
     def wait_for_warmup(self) -> None:
         """Block until the buffer holds ``warmup_samples`` samples (docs/algorithm.md §6).
@@ -290,12 +332,17 @@ class Trainer:
         s = self.settings
         sync = s.mode == "sync"
         return SampleRequest(
-            num_prompts=s.prompts_per_step, samples_per_prompt=s.train_samples_per_prompt,
-            recency_prob=s.recency_prob, reward_inv_temp=s.reward_inv_temp, trainer_version=self.step,
-            recent_versions=s.recent_versions or self.k, max_staleness=s.max_staleness,
+            num_prompts=s.prompts_per_step,
+            samples_per_prompt=s.train_samples_per_prompt,
+            recency_prob=s.recency_prob,
+            reward_inv_temp=s.reward_inv_temp,
+            trainer_version=self.step,
+            recent_versions=s.recent_versions or self.k,
+            max_staleness=s.max_staleness,
             only_version=self.step if sync else None,
             seed=None if s.sample_seed is None else s.sample_seed + self.step,
-            temperature=s.temperature, reference=self.reference,
+            temperature=s.temperature,
+            reference=self.reference,
         )
 
     def fetch(self) -> tuple[SampledBatch, float]:
@@ -347,20 +394,35 @@ class Trainer:
         """
         s = self.settings
         start = time.perf_counter()
-        state = TrainerState(step=self.step, beta=self.beta, samples_seen=self.samples_seen,
-                             tokens_seen=self.tokens_seen, run_seconds=self.run_seconds(),
-                             settings=s.model_dump(mode="json", exclude={"auth_token"}))
+        state = TrainerState(
+            step=self.step,
+            beta=self.beta,
+            samples_seen=self.samples_seen,
+            tokens_seen=self.tokens_seen,
+            run_seconds=self.run_seconds(),
+            settings=s.model_dump(mode="json", exclude={"auth_token"}),
+        )
         self.ranks.broadcast(("publish",))
         model_state, optimizer_state = full_state(self.learner.model, self.learner.optimizer, self.ranks)
         try:
-            manifest = save_checkpoint(self.store, self.learner.model, self.tokenizer, self.learner.optimizer,
-                                       self.learner.scheduler, state, model_state=model_state,
-                                       optimizer_state=optimizer_state)
+            manifest = save_checkpoint(
+                self.store,
+                self.learner.model,
+                self.tokenizer,
+                self.learner.optimizer,
+                self.learner.scheduler,
+                state,
+                model_state=model_state,
+                optimizer_state=optimizer_state,
+            )
         except OSError as err:
             if final:
                 raise
-            then = (f"retrying every {PUBLISH_RETRY_SECONDS:.0f} s (sync mode: the searchers need it)"
-                    if s.mode == "sync" else f"training goes on, next try in {self.k} steps")
+            then = (
+                f"retrying every {PUBLISH_RETRY_SECONDS:.0f} s (sync mode: the searchers need it)"
+                if s.mode == "sync"
+                else f"training goes on, next try in {self.k} steps"
+            )
             log.error("could not write checkpoint v%d (%s); %s", self.step, err, then)
             return
         self.published = manifest.version
@@ -369,8 +431,9 @@ class Trainer:
         deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds, s.max_checkpoints_on_disk)
         seconds = time.perf_counter() - start
         self.metrics.checkpoint_seconds.observe(seconds)
-        log.info("published checkpoint v%d in %.2f s%s", manifest.version, seconds,
-                 f" (pruned {deleted})" if deleted else "")
+        log.info(
+            "published checkpoint v%d in %.2f s%s", manifest.version, seconds, f" (pruned {deleted})" if deleted else ""
+        )
 
     def finish(self, publish: bool) -> None:
         why = "stop requested" if self.stop.is_set() else "budget reached" if self.budget_spent() else "error"

@@ -63,7 +63,7 @@ def group_std(values: Tensor, prompt_index: Tensor, num_prompts: int) -> Tensor:
 
 
 def _common_metrics(x: LossInput, denom: int) -> dict[str, float]:
-    kl = (x.log_pi.detach() - x.log_ref)  # (N,) single-sample estimate of KL(pi || pi_ref)
+    kl = x.log_pi.detach() - x.log_ref  # (N,) single-sample estimate of KL(pi || pi_ref)
     spread = group_std(x.reward, x.prompt_index, x.num_prompts)
     return {
         "reward_mean": float(x.reward.sum()) / denom,
@@ -90,8 +90,9 @@ def tb_loss(x: LossInput, beta: float, denom: int | None = None) -> LossOutput:
     return LossOutput(loss=loss, metrics=metrics)
 
 
-def grpo_loss(x: LossInput, beta: float, denom: int | None = None, scale_by_std: bool = True,
-              eps: float = 1e-4) -> LossOutput:
+def grpo_loss(
+    x: LossInput, beta: float, denom: int | None = None, scale_by_std: bool = True, eps: float = 1e-4
+) -> LossOutput:
     """On-policy baseline: REINFORCE with a group-normalised advantage on the KL-regularised reward.
 
     u_i = r_i - beta (log_pi_i - log_ref_i) (detached), A_i = (u_i - mean_g u) / (std_g u + eps),

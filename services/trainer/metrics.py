@@ -26,29 +26,50 @@ STATES = ("starting", "warmup", "training", "waiting", "done")
 
 
 class TrainerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None, metrics_file: Path | None = None,
-                 max_steps: int | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, metrics_file: Path | None = None, max_steps: int | None = None
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         self.metrics_file = metrics_file
         self.max_steps = max_steps
         self.tracker: Tracker | None = None  # TensorBoard / W&B, set by the trainer's main rank
         self._lock = threading.Lock()
         self._status: dict[str, Any] = {
-            "state": "starting", "step": 0, "version": None, "loss": None, "reward_mean": None,
-            "log_Z_mean": None, "kl": None, "beta": None, "lr": None, "samples_per_s": None,
-            "tokens_per_s": None, "wait_s": 0.0, "staleness": {}, "staleness_mean": None, "buffer_failures": 0,
+            "state": "starting",
+            "step": 0,
+            "version": None,
+            "loss": None,
+            "reward_mean": None,
+            "log_Z_mean": None,
+            "kl": None,
+            "beta": None,
+            "lr": None,
+            "samples_per_s": None,
+            "tokens_per_s": None,
+            "wait_s": 0.0,
+            "staleness": {},
+            "staleness_mean": None,
+            "buffer_failures": 0,
         }
         r = self.registry
-        self.g = {name: Gauge(f"tba_trainer_{name}", doc, registry=r) for name, doc in [
-            ("step", "Optimizer steps taken."), ("version", "Latest published policy version."),
-            ("loss", "Loss of the last step."), ("reward_mean", "Mean reward of the last batch."),
-            ("log_Z_mean", "Mean per-prompt log Z of the last batch."),
-            ("kl", "Mean log pi - log pi_ref of the last batch (KL estimate)."),
-            ("beta", "KL coefficient of the last step."), ("lr", "Learning rate of the last step."),
-            ("grad_norm", "Gradient norm before clipping."), ("samples_per_s", "Samples per second of compute."),
-            ("tokens_per_s", "Tokens per second of compute."), ("staleness_mean", "Mean staleness of the batch."),
-            ("mixed_fraction", "Share of the batch's prompts whose samples differ in reward (carry a signal)."),
-        ]}
+        self.g = {
+            name: Gauge(f"tba_trainer_{name}", doc, registry=r)
+            for name, doc in [
+                ("step", "Optimizer steps taken."),
+                ("version", "Latest published policy version."),
+                ("loss", "Loss of the last step."),
+                ("reward_mean", "Mean reward of the last batch."),
+                ("log_Z_mean", "Mean per-prompt log Z of the last batch."),
+                ("kl", "Mean log pi - log pi_ref of the last batch (KL estimate)."),
+                ("beta", "KL coefficient of the last step."),
+                ("lr", "Learning rate of the last step."),
+                ("grad_norm", "Gradient norm before clipping."),
+                ("samples_per_s", "Samples per second of compute."),
+                ("tokens_per_s", "Tokens per second of compute."),
+                ("staleness_mean", "Mean staleness of the batch."),
+                ("mixed_fraction", "Share of the batch's prompts whose samples differ in reward (carry a signal)."),
+            ]
+        }
         self.state_gauge = Gauge("tba_trainer_state", "1 for the current state.", ["state"], registry=r)
         self.samples_total = Counter("tba_trainer_samples", "Samples trained on.", registry=r)
         self.tokens_total = Counter("tba_trainer_tokens", "Tokens trained on.", registry=r)
@@ -56,10 +77,15 @@ class TrainerMetrics:
         self.buffer_failures = Counter("tba_trainer_buffer_failures", "Transient buffer failures.", registry=r)
         self.dropped_groups = Counter("tba_trainer_dropped_groups", "Groups dropped as invalid.", registry=r)
         self.step_seconds = Histogram("tba_trainer_step_seconds", "Compute time per optimizer step.", registry=r)
-        self.checkpoint_seconds = Histogram("tba_trainer_checkpoint_seconds", "Time to publish a checkpoint.",
-                                            registry=r)
-        self.staleness = Histogram("tba_trainer_sample_staleness", "Versions between a sample and the policy.",
-                                   buckets=(0, 1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.checkpoint_seconds = Histogram(
+            "tba_trainer_checkpoint_seconds", "Time to publish a checkpoint.", registry=r
+        )
+        self.staleness = Histogram(
+            "tba_trainer_sample_staleness",
+            "Versions between a sample and the policy.",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
         self.set_state("starting")
 
     def set_state(self, state: str) -> None:
@@ -93,12 +119,24 @@ class TrainerMetrics:
         n = max(1, result.samples)
         staleness_mean = sum(s * c for s, c in result.staleness.items()) / n
         row = {
-            "ts": round(time.time(), 3), "step": step, "loss": m.get("loss"), "reward_mean": m.get("reward_mean"),
-            "log_Z_mean": m.get("log_Z_mean"), "kl": m.get("kl"), "beta": beta, "lr": result.lr,
-            "grad_norm": result.grad_norm, "samples": result.samples, "prompts": result.prompts,
-            "tokens": result.tokens, "micro_batches": result.micro_batches, "step_s": round(result.seconds, 4),
-            "wait_s": round(wait_s, 4), "samples_per_s": result.samples / max(result.seconds, 1e-9),
-            "tokens_per_s": result.tokens / max(result.seconds, 1e-9), "staleness_mean": staleness_mean,
+            "ts": round(time.time(), 3),
+            "step": step,
+            "loss": m.get("loss"),
+            "reward_mean": m.get("reward_mean"),
+            "log_Z_mean": m.get("log_Z_mean"),
+            "kl": m.get("kl"),
+            "beta": beta,
+            "lr": result.lr,
+            "grad_norm": result.grad_norm,
+            "samples": result.samples,
+            "prompts": result.prompts,
+            "tokens": result.tokens,
+            "micro_batches": result.micro_batches,
+            "step_s": round(result.seconds, 4),
+            "wait_s": round(wait_s, 4),
+            "samples_per_s": result.samples / max(result.seconds, 1e-9),
+            "tokens_per_s": result.tokens / max(result.seconds, 1e-9),
+            "staleness_mean": staleness_mean,
             "staleness_hist": {str(k): v for k, v in result.staleness.items()},
         }
         if "mixed_prompts" in m:
@@ -107,8 +145,24 @@ class TrainerMetrics:
             row["advantage_abs_mean"] = m["advantage_abs_mean"]
         self._export(row, result)
         with self._lock:
-            self._status.update({k: row[k] for k in ("step", "loss", "reward_mean", "log_Z_mean", "kl", "beta", "lr",
-                                                     "samples_per_s", "tokens_per_s", "wait_s", "staleness_mean")})
+            self._status.update(
+                {
+                    k: row[k]
+                    for k in (
+                        "step",
+                        "loss",
+                        "reward_mean",
+                        "log_Z_mean",
+                        "kl",
+                        "beta",
+                        "lr",
+                        "samples_per_s",
+                        "tokens_per_s",
+                        "wait_s",
+                        "staleness_mean",
+                    )
+                }
+            )
             self._status["staleness"] = row["staleness_hist"]
         if self.tracker is not None:
             self.tracker.scalars(step, {k: v for k, v in row.items() if k not in ("ts", "step")}, prefix="trainer")
@@ -138,6 +192,11 @@ class TrainerMetrics:
         parts = [f"step {row['step']}{total}", f"loss {row['loss']:.4g}", f"R {row['reward_mean']:.3f}"]
         if row.get("log_Z_mean") is not None:
             parts.append(f"logZ {row['log_Z_mean']:.3g}")
-        parts += [f"kl {row['kl']:.3g}", f"beta {row['beta']:.3g}", f"{row['tokens_per_s']:.0f} tok/s",
-                  f"wait {row['wait_s']:.2f}s", f"stale {row['staleness_mean']:.1f}"]
+        parts += [
+            f"kl {row['kl']:.3g}",
+            f"beta {row['beta']:.3g}",
+            f"{row['tokens_per_s']:.0f} tok/s",
+            f"wait {row['wait_s']:.2f}s",
+            f"stale {row['staleness_mean']:.1f}",
+        ]
         return " | ".join(parts)

@@ -41,8 +41,11 @@ class LRSchedule:
             raise ValueError(f"the {self.kind} schedule needs max_steps or max_seconds")
         factor = 1.0
         if self.max_steps is not None:
-            factor = self._decay(step - self.warmup_steps, self.max_steps - self.warmup_steps,
-                                 round(self.decay_fraction * self.max_steps))
+            factor = self._decay(
+                step - self.warmup_steps,
+                self.max_steps - self.warmup_steps,
+                round(self.decay_fraction * self.max_steps),
+            )
         if self.max_seconds is not None:
             factor = min(factor, self._decay(seconds, self.max_seconds, self.decay_fraction * self.max_seconds))
         return factor
@@ -53,8 +56,13 @@ class LRSchedule:
         return min(1.0, max(0.0, (total - done) / span))
 
 
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, schedule: LRSchedule,
-                    clock: Callable[[], float] = lambda: 0.0):
+def build_optimizer(
+    model: torch.nn.Module,
+    lr: float,
+    weight_decay: float,
+    schedule: LRSchedule,
+    clock: Callable[[], float] = lambda: 0.0,
+):
     """AdamW over the trainable parameters, and the LambdaLR that applies ``schedule``; ``clock`` gives the
     seconds the run has been going (the time-based part of the schedule)."""
     params = [p for p in model.parameters() if p.requires_grad]

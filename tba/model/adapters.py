@@ -58,12 +58,25 @@ def lora_config(rank: int, alpha: float, dropout: float, targets: Sequence[str])
     from peft import LoraConfig
 
     # peft annotates lora_alpha as int; it only ever divides it by r, and a float alpha is what the setting holds
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,  # type: ignore[arg-type]
-                      target_modules=list(targets), bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]
+        lora_dropout=dropout,
+        target_modules=list(targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
-def wrap_for_training(model, base_dir: str | Path, rank: int, alpha: float, dropout: float,
-                      targets: Sequence[str], resume_from: str | Path | None = None):
+def wrap_for_training(
+    model,
+    base_dir: str | Path,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: Sequence[str],
+    resume_from: str | Path | None = None,
+):
     """The base ``model`` with trainable LoRA adapters: new ones, or those of ``resume_from`` (a checkpoint
     of this run, which must have the same rank and targets). Only the adapters require gradients."""
     from peft import PeftModel, get_peft_model
@@ -73,9 +86,11 @@ def wrap_for_training(model, base_dir: str | Path, rank: int, alpha: float, drop
         return get_peft_model(model, lora_config(rank, alpha, dropout, targets))
     saved = read_adapter_config(resume_from)
     if saved.get("r") != rank or sorted(saved.get("target_modules") or []) != sorted(targets):
-        raise AdapterError(f"{resume_from}: the run's adapters have rank {saved.get('r')} on "
-                           f"{sorted(saved.get('target_modules') or [])}, the settings ask for rank {rank} on "
-                           f"{sorted(targets)}: resume with the run's settings or start a new run")
+        raise AdapterError(
+            f"{resume_from}: the run's adapters have rank {saved.get('r')} on "
+            f"{sorted(saved.get('target_modules') or [])}, the settings ask for rank {rank} on "
+            f"{sorted(targets)}: resume with the run's settings or start a new run"
+        )
     return PeftModel.from_pretrained(model, str(resume_from), is_trainable=True)
 
 
@@ -84,8 +99,10 @@ def base_of(adapter_dir: str | Path, base: str | Path | None = None) -> Path:
     recorded = read_adapter_config(adapter_dir).get("base_model_name_or_path")
     candidate = Path(base) if base is not None else Path(recorded) if recorded else None
     if candidate is None or not (candidate / "config.json").is_file():
-        raise AdapterError(f"{adapter_dir}: its base model {candidate or '(not recorded)'} is not a model "
-                           "directory here; name the base model (--base)")
+        raise AdapterError(
+            f"{adapter_dir}: its base model {candidate or '(not recorded)'} is not a model "
+            "directory here; name the base model (--base)"
+        )
     return candidate
 
 

@@ -40,8 +40,9 @@ def pad_batch(
     return input_ids, attention_mask, completion_mask
 
 
-def token_budget_chunks(lengths: Sequence[int], budget: int, rows: Sequence[int] | None = None,
-                        longest_first: bool = False) -> list[list[int]]:
+def token_budget_chunks(
+    lengths: Sequence[int], budget: int, rows: Sequence[int] | None = None, longest_first: bool = False
+) -> list[list[int]]:
     """Indices grouped so each chunk's padded size (rows x longest) stays within ``budget`` tokens.
 
     Item ``i`` brings ``rows[i]`` rows (1 each by default) of at most ``lengths[i]`` tokens; items stay

@@ -43,7 +43,7 @@ def labelled_strings(pattern: str, n: int, rng: random.Random) -> list[tuple[str
             text = digits
         elif kind < 0.875:
             gap = rng.choice("0123456789+ ")
-            text = digits[:length // 2] + pattern[0] + gap + pattern[1:] + digits[length // 2:]
+            text = digits[: length // 2] + pattern[0] + gap + pattern[1:] + digits[length // 2 :]
         else:
             text = "".join(rng.choice(_TEXT) for _ in range(length + 2))
         out.append((text[:16], int(pattern in text[:16])))
@@ -119,8 +119,9 @@ def train_classifier(pattern: str, out: Path, log=print, seed: int = 0) -> float
     rng = random.Random(seed)
     for step in range(STEPS):
         pairs = labelled_strings(pattern, BATCH, rng)
-        loss = torch.nn.functional.cross_entropy(model(_encode(tok, [t for t, _ in pairs])),
-                                                 torch.tensor([y for _, y in pairs]))
+        loss = torch.nn.functional.cross_entropy(
+            model(_encode(tok, [t for t, _ in pairs])), torch.tensor([y for _, y in pairs])
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -159,6 +160,6 @@ class Judge:
         out: list[float] = []
         with torch.no_grad():
             for start in range(0, len(texts), self.batch_size):
-                logits = self.model(_encode(self.tokenizer, texts[start:start + self.batch_size]))
+                logits = self.model(_encode(self.tokenizer, texts[start : start + self.batch_size]))
                 out += logits.softmax(-1)[:, 1].tolist()
         return out

@@ -64,8 +64,13 @@ def _generate_batch(
     step_ids, step_pos = input_ids, position_ids
     steps = 0
     for t in range(max_new_tokens):
-        res = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=step_pos,
-                    past_key_values=past, use_cache=True)
+        res = model(
+            input_ids=step_ids,
+            attention_mask=attention_mask,
+            position_ids=step_pos,
+            past_key_values=past,
+            use_cache=True,
+        )
         past = res.past_key_values
         tok = _next_tokens(res.logits[:, -1], temperature, generator)  # (B,)
         tok = tok.masked_fill(done, pad_id)
@@ -113,7 +118,7 @@ def generate(
     try:
         out: list[list[int]] = []
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start:start + batch_size]
+            chunk = prompts[start : start + batch_size]
             out.extend(_generate_batch(model, chunk, max_new_tokens, eos_id, pad_id, temperature, generator))
         return out
     finally:

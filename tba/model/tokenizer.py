@@ -32,7 +32,11 @@ def build_tokenizer():
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
         clean_up_tokenization_spaces=False,
     )
 

@@ -111,8 +111,14 @@ class Countdown(Task):
             return None
         target, numbers = rng.choice(targets), " ".join(map(str, given))
         plain = f"{target} from {numbers}:"
-        text = (f"Use some of the numbers {numbers}, each at most once, with +, -, * and parentheses to make "
-                f"{target}. Answer with the expression only.") if self.chat else plain
+        text = (
+            (
+                f"Use some of the numbers {numbers}, each at most once, with +, -, * and parentheses to make "
+                f"{target}. Answer with the expression only."
+            )
+            if self.chat
+            else plain
+        )
         return Prompt(prompt_id=plain, text=text, answer=str(target))
 
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
@@ -128,8 +134,9 @@ class Countdown(Task):
 
     def eval_prompts(self, n: int) -> list[Prompt]:
         rng = random.Random(f"countdown-eval-{self.count}-{self.max_number}-{self.min_target}-{self.max_target}")
-        return draw_distinct(lambda: self._try(rng, held_out=True), n,
-                             max_draws=1000 + int(100 * n / self.held_out_fraction))
+        return draw_distinct(
+            lambda: self._try(rng, held_out=True), n, max_draws=1000 + int(100 * n / self.held_out_fraction)
+        )
 
     def _expression(self, completion: str) -> str:
         """The answer's text: the completion (plain), or its last run of expression characters with an operator."""

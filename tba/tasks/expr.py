@@ -199,8 +199,10 @@ def _factors(node: Node) -> tuple[Node, ...]:
 def _combine(a: tuple[int, Node], b: tuple[int, Node]) -> list[tuple[int, Node]]:
     """a+b, a*b and the non-negative one of a-b / b-a (trees flattened as the parser does)."""
     (va, na), (vb, nb) = a, b
-    out: list[tuple[int, Node]] = [(va + vb, Sum(_terms(na) + _terms(nb))),
-                                   (va * vb, Prod(_factors(na) + _factors(nb)))]
+    out: list[tuple[int, Node]] = [
+        (va + vb, Sum(_terms(na) + _terms(nb))),
+        (va * vb, Prod(_factors(na) + _factors(nb))),
+    ]
     if va >= vb:
         out.append((va - vb, Sum(_terms(na) + tuple((-s, t) for s, t in _terms(nb)))))
     if vb > va:

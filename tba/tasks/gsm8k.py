@@ -41,8 +41,14 @@ class GSM8K(Task):
         if "{question}" not in template:
             raise ValueError("gsm8k option template must contain {question}")
         self.template = template
-        self.data = PromptFile("gsm8k", Path(path), self._to_prompt, ("question", "answer"),
-                               eval_path=eval_path, held_out_fraction=held_out_fraction)
+        self.data = PromptFile(
+            "gsm8k",
+            Path(path),
+            self._to_prompt,
+            ("question", "answer"),
+            eval_path=eval_path,
+            held_out_fraction=held_out_fraction,
+        )
 
     def _to_prompt(self, row: Row) -> Prompt:
         """The question as the prompt text; :meth:`_form` puts it into the template of the plain form."""

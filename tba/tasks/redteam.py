@@ -31,8 +31,15 @@ from tba.tasks.base import Prompt, Task, register
 class RedTeam(Task):
     multi_answer = True
 
-    def __init__(self, pattern: str = "77", threshold: float = 0.5, digits: int = 2, held_out_fraction: float = 0.1,
-                 judge_dir: str | None = None, successes_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        pattern: str = "77",
+        threshold: float = 0.5,
+        digits: int = 2,
+        held_out_fraction: float = 0.1,
+        judge_dir: str | None = None,
+        successes_dir: str | None = None,
+    ) -> None:
         if not pattern.isdigit() or not 1 <= len(pattern) <= 4:
             raise ValueError(f"pattern must be 1 to 4 digits, got {pattern!r}")
         if not 0.0 < threshold < 1.0:
@@ -83,7 +90,8 @@ class RedTeam(Task):
         assert self.successes_dir is not None
         self.successes_dir.mkdir(parents=True, exist_ok=True)
         who = os.environ.get("TBA_SEARCHER_ID", "eval")
-        lines = "".join(json.dumps({"t": time.time(), "prompt": prompt.prompt_id, "text": c.strip()}) + "\n"
-                        for c in successes)
+        lines = "".join(
+            json.dumps({"t": time.time(), "prompt": prompt.prompt_id, "text": c.strip()}) + "\n" for c in successes
+        )
         with open(self.successes_dir / f"successes-{who}-{os.getpid()}.jsonl", "a") as f:
             f.write(lines)

@@ -33,13 +33,16 @@ class RewardModelTask(Task):
         device: str = "cpu",
     ) -> None:
         if model_dir is None or path is None:
-            raise ValueError("reward-model needs the options model_dir (HF sequence-classification "
-                             "model directory) and path (JSONL file of {\"prompt\": ...} lines)")
+            raise ValueError(
+                "reward-model needs the options model_dir (HF sequence-classification "
+                'model directory) and path (JSONL file of {"prompt": ...} lines)'
+            )
         if not (Path(model_dir) / "config.json").is_file():
             raise ValueError(f"reward-model: {model_dir} is not a Hugging Face model directory (no config.json)")
         if batch_size < 1 or max_length < 2:
-            raise ValueError(f"reward-model: batch_size must be >= 1 and max_length >= 2, got {batch_size}, "
-                             f"{max_length}")
+            raise ValueError(
+                f"reward-model: batch_size must be >= 1 and max_length >= 2, got {batch_size}, {max_length}"
+            )
         self.model_dir = Path(model_dir)
         self.batch_size = batch_size
         self.max_length = max_length
@@ -47,8 +50,14 @@ class RewardModelTask(Task):
         self.device = device
         self._targets: dict[str, str] = {}
         self._scorer: Any = None
-        self.data = PromptFile("reward-model", Path(path), self._to_prompt, ("prompt",),
-                               eval_path=eval_path, held_out_fraction=held_out_fraction)
+        self.data = PromptFile(
+            "reward-model",
+            Path(path),
+            self._to_prompt,
+            ("prompt",),
+            eval_path=eval_path,
+            held_out_fraction=held_out_fraction,
+        )
 
     def _to_prompt(self, row: Row) -> Prompt:
         pid = text_id(row["prompt"])
@@ -84,8 +93,13 @@ class RewardModelTask(Task):
         out: list[float] = []
         with torch.no_grad():
             for start in range(0, len(texts), step):
-                enc = tokenizer(texts[start:start + step], return_tensors="pt", padding=True, truncation=True,
-                                max_length=self.max_length).to(self.device)
+                enc = tokenizer(
+                    texts[start : start + step],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                ).to(self.device)
                 logits = model(**enc).logits  # (B, num_labels)
                 out.extend(float(v) for v in logits[:, self.label].float().cpu())
         return out
@@ -98,5 +112,5 @@ class RewardModelTask(Task):
 
     def sft_target(self, prompt: Prompt) -> str:
         if prompt.prompt_id not in self._targets:
-            raise NotImplementedError("reward-model: this prompt's line has no \"completion\" to imitate")
+            raise NotImplementedError('reward-model: this prompt\'s line has no "completion" to imitate')
         return self._targets[prompt.prompt_id]

@@ -38,8 +38,11 @@ class Sums(Task):
         self._targets = random.Random(f"sums-sft-{seed}")  # the warm-up's draws of a split
 
     def _prompt(self, n: int) -> Prompt:
-        text = (f"Write {n} as the sum of two positive whole numbers. Answer in the form a+b (10+7 for 17)."
-                if self.chat else f"{n}=")
+        text = (
+            f"Write {n} as the sum of two positive whole numbers. Answer in the form a+b (10+7 for 17)."
+            if self.chat
+            else f"{n}="
+        )
         return Prompt(prompt_id=f"sum:{n}", text=text, answer=str(n))
 
     def _held_out(self, n: int) -> bool:

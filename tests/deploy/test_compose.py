@@ -29,8 +29,9 @@ def test_compose_config_is_valid(variant: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("missing", ["REDIS_PASSWORD", "TBA_AUTH_TOKEN"])
 def test_secrets_must_come_from_the_environment(missing: str, tmp_path: Path) -> None:
     env, env_file = compose_env(tmp_path)
-    env_file.write_text("".join(line + "\n" for line in env_file.read_text().splitlines()
-                                if not line.startswith(missing)))
+    env_file.write_text(
+        "".join(line + "\n" for line in env_file.read_text().splitlines() if not line.startswith(missing))
+    )
     proc = run([compose_binary(), "--env-file", str(env_file), "config", "-q"], env=env)
     assert proc.returncode != 0
     assert missing in proc.stderr and ".env.example" in proc.stderr
@@ -154,8 +155,9 @@ def test_root_filesystems_are_read_only_with_writable_scratch(variant: str, tmp_
     for name in ("redis", "buffer", "model-init", "trainer", "searcher"):
         assert services[name].get("read_only") is True, name
     for name in ("model-init", "trainer", "searcher"):
-        scratch = {v["target"]: v.get("tmpfs", {}).get("mode") for v in services[name]["volumes"]
-                   if v["type"] == "tmpfs"}
+        scratch = {
+            v["target"]: v.get("tmpfs", {}).get("mode") for v in services[name]["volumes"] if v["type"] == "tmpfs"
+        }
         # World-writable with the sticky bit: the services run as uid 10001, tmpfs mounts belong to root.
         assert scratch == {"/tmp": 0o1777, "/var/cache/tba": 0o1777}, name
 

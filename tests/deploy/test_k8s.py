@@ -51,7 +51,8 @@ def gpu_with_component(k8s_dir: Path, tmp_path: Path, name: str, component: str)
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [../gpu]\ncomponents: [{component}]\n")
+        f"resources: [../gpu]\ncomponents: [{component}]\n"
+    )
     out = tmp_path / f"{name}.yaml"
     out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
     _validate(out)
@@ -70,7 +71,8 @@ def _with_components(k8s_dir: Path, name: str, *components: str) -> Path:
     listed = ", ".join(f"../../components/{c}" for c in components)
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [../gpu]\ncomponents: [{listed}]\n")
+        f"resources: [../gpu]\ncomponents: [{listed}]\n"
+    )
     return overlay
 
 
@@ -101,9 +103,11 @@ def test_multi_node_trainer_recipe_renders_and_validates(k8s_dir: Path, tmp_path
     container = _container(job, "trainer")
     env = {e["name"]: e.get("value") for e in container["env"]}
     command = container["command"][-1]
-    assert "--node-rank \"$JOB_COMPLETION_INDEX\"" in command and "trainer-0.trainer-nodes" in command
-    assert int(env["NODES"]) == spec["completions"] and int(env["GPUS"]) == container["resources"]["limits"][
-        "nvidia.com/gpu"]
+    assert '--node-rank "$JOB_COMPLETION_INDEX"' in command and "trainer-0.trainer-nodes" in command
+    assert (
+        int(env["NODES"]) == spec["completions"]
+        and int(env["GPUS"]) == container["resources"]["limits"]["nvidia.com/gpu"]
+    )
     assert "TBA_TRAINER_PROCS" not in env, "torchrun is started by the command: tba trainer must not start another"
     metrics = by_kind(docs, "Service")["trainer-metrics"]
     assert metrics["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
@@ -233,8 +237,10 @@ def test_network_policies_let_only_the_services_in(rendered: dict) -> None:
 
     assert allowed("redis-from-services") == {"buffer", "trainer", "searcher"}
     assert allowed("buffer-from-services") == {"trainer", "searcher"}
-    labels = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
-              for w in workloads(rendered["gpu"])}
+    labels = {
+        w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+        for w in workloads(rendered["gpu"])
+    }
     assert {"buffer", "trainer", "searcher", "redis"} <= set(labels.values())
 
 
@@ -263,14 +269,20 @@ def test_settings_config_map_is_referenced_by_its_generated_name(overlay: str, r
 
 
 def test_monitoring_component_ships_the_dashboard_and_marks_every_service_for_scraping(
-        k8s_dir: Path, tmp_path: Path) -> None:
+    k8s_dir: Path, tmp_path: Path
+) -> None:
     docs = gpu_with_component(k8s_dir, tmp_path, "monitored", "../../../monitoring")
     dashboard = by_kind(docs, "ConfigMap")["tba-grafana-dashboard"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["metadata"]["namespace"] == "monitoring"  # where the network policy lets Prometheus in
     assert dashboard["data"]["tba-dashboard.json"] == (ROOT / "monitoring/grafana/tba-dashboard.json").read_text()
     deployments = by_kind(docs, "Deployment")
-    ports = {name: deployments[name]["spec"]["template"]["metadata"]["annotations"]
-             for name in ("buffer", "trainer", "searcher")}
+    ports = {
+        name: deployments[name]["spec"]["template"]["metadata"]["annotations"]
+        for name in ("buffer", "trainer", "searcher")
+    }
     assert {name: (a["prometheus.io/scrape"], a["prometheus.io/port"]) for name, a in ports.items()} == {
-        "buffer": ("true", "8400"), "trainer": ("true", "9400"), "searcher": ("true", "9400")}
+        "buffer": ("true", "8400"),
+        "trainer": ("true", "9400"),
+        "searcher": ("true", "9400"),
+    }

@@ -18,7 +18,9 @@ from tests.deploy.tools import COMPOSE_FILES, DOCKERFILES, ROOT, compose_config,
 
 pytestmark = pytest.mark.deploy
 CLASSES: dict[str, type[CommonSettings]] = {
-    "buffer": BufferSettings, "trainer": TrainerSettings, "searcher": SearcherSettings,
+    "buffer": BufferSettings,
+    "trainer": TrainerSettings,
+    "searcher": SearcherSettings,
 }
 EVERY_FIELD = {ENV_PREFIX + name.upper() for cls in CLASSES.values() for name in cls.model_fields}
 TBA_NAME = re.compile(r"\bTBA_[A-Z0-9_]+\b")
@@ -69,7 +71,8 @@ def test_the_check_would_catch_a_typo() -> None:
 
 
 def test_values_given_to_each_compose_service_are_valid_settings(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Not just the names: the values compose passes load into the service's settings class."""
     services = compose_config("smoke", tmp_path)["services"]
     for name, cls in CLASSES.items():

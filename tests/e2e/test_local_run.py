@@ -39,18 +39,43 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> Iterator[d
         "TBA_CHECKPOINT_GRACE_SECONDS": "5",
         "TBA_KEEP_CHECKPOINTS": "3",
     }
-    cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--searchers", "2", "--minutes", str(MINUTES),
-           "--max-steps", str(STEPS), "--run-dir", str(run_dir), "--base-model", str(sft_model),
-           "--eval-every", "20", "--eval-prompts", "100", "--wandb", "offline"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tba.cli",
+        "up",
+        "--no-console",
+        "--searchers",
+        "2",
+        "--minutes",
+        str(MINUTES),
+        "--max-steps",
+        str(STEPS),
+        "--run-dir",
+        str(run_dir),
+        "--base-model",
+        str(sft_model),
+        "--eval-every",
+        "20",
+        "--eval-prompts",
+        "100",
+        "--wandb",
+        "offline",
+    ]
     started = time.time()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         prometheus = None
         try:
             endpoints = _running_endpoints(run_dir, proc)
             if endpoints is not None:
-                prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), {
-                    "buffer": [endpoints["buffer"]], "trainer": [endpoints["trainer"]],
-                    "searcher": [endpoints[n] for n in endpoints if n.startswith("searcher")]})
+                prometheus = Prometheus(
+                    tmp_path_factory.mktemp("prometheus"),
+                    {
+                        "buffer": [endpoints["buffer"]],
+                        "trainer": [endpoints["trainer"]],
+                        "searcher": [endpoints[n] for n in endpoints if n.startswith("searcher")],
+                    },
+                )
             stdout, stderr = proc.communicate(timeout=MINUTES * 60 + 240)
         except BaseException:
             proc.kill()
@@ -59,8 +84,13 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> Iterator[d
             raise
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    yield {"dir": run_dir, "summary": summary, "stdout": stdout, "prometheus": prometheus,
-           "period": (started, time.time())}
+    yield {
+        "dir": run_dir,
+        "summary": summary,
+        "stdout": stdout,
+        "prometheus": prometheus,
+        "period": (started, time.time()),
+    }
     if prometheus is not None:
         prometheus.stop()
 
@@ -125,8 +155,15 @@ def test_outputs_written(run: dict) -> None:
     for name in ("buffer", "trainer", "searcher-0", "searcher-1", "redis"):
         assert (d / "logs" / f"{name}.log").stat().st_size > 0, name
     assert (d / "report.html").read_text().count("data:image/png;base64") == 3
-    for key in ("versions_published", "searcher_versions", "groups_published", "groups_stored",
-                "accuracy_start", "accuracy_end", "wall_seconds"):
+    for key in (
+        "versions_published",
+        "searcher_versions",
+        "groups_published",
+        "groups_stored",
+        "accuracy_start",
+        "accuracy_end",
+        "wall_seconds",
+    ):
         assert key in run["summary"], key
 
 
@@ -161,8 +198,11 @@ def test_prometheus_holds_every_series_the_dashboard_reads(run: dict) -> None:
 
 def test_every_dashboard_panel_shows_data_from_the_run(run: dict) -> None:
     prometheus, (start, end) = run["prometheus"], run["period"]
-    empty = [f"{title}: {expr}" for title, expr in dashboard_expressions(json.loads(DASHBOARD.read_text()))
-             if not any(series["values"] for series in prometheus.query_range(expr, start, end))]
+    empty = [
+        f"{title}: {expr}"
+        for title, expr in dashboard_expressions(json.loads(DASHBOARD.read_text()))
+        if not any(series["values"] for series in prometheus.query_range(expr, start, end))
+    ]
     assert not empty, "panels with no data over the whole run:\n" + "\n".join(empty)
     # And the numbers are the run's: the trainer versions Prometheus saw climb to at most the last one published.
     seen = [int(float(v)) for _, v in prometheus.query_range("max(tba_trainer_version)", start, end)[0]["values"]]
@@ -198,7 +238,8 @@ def test_wandb_offline_runs_hold_the_trainer_and_evaluation_series(run: dict) ->
     logged = [(row["_step"], row["trainer/loss"]) for row in runs["trainer"]["history"]]
     assert logged == [(s["step"], pytest.approx(s["loss"])) for s in steps]
     assert [row["eval/greedy_accuracy"] for row in runs["eval"]["history"]] == pytest.approx(
-        [e["accuracy"] for e in run["summary"]["evaluations"]])
+        [e["accuracy"] for e in run["summary"]["evaluations"]]
+    )
 
 
 def test_report_as_a_person_sees_it(run: dict, tmp_path: Path) -> None:

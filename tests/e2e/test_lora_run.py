@@ -25,11 +25,36 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
     run_dir = tmp_path_factory.mktemp("lora") / "run"
-    env = {**os.environ, "TBA_LORA_RANK": "8", "TBA_LR": "1e-3", "TBA_CHECKPOINT_EVERY": "2",
-           "TBA_WARMUP_SAMPLES": "32", "TBA_CHECKPOINT_GRACE_SECONDS": "5"}
-    cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--searchers", "1", "--minutes", "8",
-           "--max-steps", str(STEPS), "--run-dir", str(run_dir), "--base-model", str(sft_model),
-           "--eval-every", "20", "--eval-prompts", "50", "--no-report"]
+    env = {
+        **os.environ,
+        "TBA_LORA_RANK": "8",
+        "TBA_LR": "1e-3",
+        "TBA_CHECKPOINT_EVERY": "2",
+        "TBA_WARMUP_SAMPLES": "32",
+        "TBA_CHECKPOINT_GRACE_SECONDS": "5",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "tba.cli",
+        "up",
+        "--no-console",
+        "--searchers",
+        "1",
+        "--minutes",
+        "8",
+        "--max-steps",
+        str(STEPS),
+        "--run-dir",
+        str(run_dir),
+        "--base-model",
+        str(sft_model),
+        "--eval-every",
+        "20",
+        "--eval-prompts",
+        "50",
+        "--no-report",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=8 * 60 + 240)
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return {"dir": run_dir, "summary": json.loads((run_dir / "summary.json").read_text())}

@@ -32,8 +32,11 @@ def shared_memory(pids: set[int]) -> set[Path]:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except FileNotFoundError:
             continue
-        found |= {Path(line.split(maxsplit=5)[5]) for line in maps.splitlines()
-                  if len(line.split(maxsplit=5)) == 6 and line.split(maxsplit=5)[5].startswith("/dev/shm/")}
+        found |= {
+            Path(line.split(maxsplit=5)[5])
+            for line in maps.splitlines()
+            if len(line.split(maxsplit=5)) == 6 and line.split(maxsplit=5)[5].startswith("/dev/shm/")
+        }
     return found
 
 
@@ -54,15 +57,33 @@ def ready(url: str) -> bool:
 def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft_model: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "up.log"
-    cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--no-report", "--searchers", "1",
-           "--minutes", "10", "--run-dir", str(run_dir), "--base-model", str(sft_model), "--eval-every", "600",
-           "--eval-prompts", "20"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tba.cli",
+        "up",
+        "--no-console",
+        "--no-report",
+        "--searchers",
+        "1",
+        "--minutes",
+        "10",
+        "--run-dir",
+        str(run_dir),
+        "--base-model",
+        str(sft_model),
+        "--eval-every",
+        "600",
+        "--eval-prompts",
+        "20",
+    ]
     with log.open("wb") as out:
         up = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:
         # 1. kill -9 of the searcher once vLLM's engine runs: its helpers go, then it is restarted.
         status_url = wait_while_running(
-            "running summary", lambda: read_summary(run_dir).get("endpoints", {}).get("searcher-0"), 60, up, log)
+            "running summary", lambda: read_summary(run_dir).get("endpoints", {}).get("searcher-0"), 60, up, log
+        )
         wait_while_running("searcher ready", lambda: ready(status_url), 300, up, log)
         searcher = guarded_service(up.pid, "searcher-0")
         assert searcher is not None
@@ -73,13 +94,25 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         shm = shared_memory(helpers | {searcher})
         assert shm, "vLLM's processes map no shared memory: nothing to check it is released"
         os.kill(searcher, signal.SIGKILL)
-        wait_while_running("the killed searcher's helpers to be gone", lambda: not any(alive(p) for p in helpers),
-                           GRACE_SECONDS + 5, up, log)
-        restarted = wait_while_running("restarted searcher",
-                                       lambda: (pid := guarded_service(up.pid, "searcher-0")) != searcher and pid,
-                                       30, up, log)
-        reaped = re.search(r"guard of searcher-0: service exited \(SIGKILL\); killed \d+ processes left in its group: "
-                           r"(.*)", (run_dir / "logs" / "searcher-0.log").read_text())
+        wait_while_running(
+            "the killed searcher's helpers to be gone",
+            lambda: not any(alive(p) for p in helpers),
+            GRACE_SECONDS + 5,
+            up,
+            log,
+        )
+        restarted = wait_while_running(
+            "restarted searcher",
+            lambda: (pid := guarded_service(up.pid, "searcher-0")) != searcher and pid,
+            30,
+            up,
+            log,
+        )
+        reaped = re.search(
+            r"guard of searcher-0: service exited \(SIGKILL\); killed \d+ processes left in its group: "
+            r"(.*)",
+            (run_dir / "logs" / "searcher-0.log").read_text(),
+        )
         assert reaped is not None
         # The engine's processes were killed; the resource tracker outlived them and unlinked their shared memory.
         assert {int(pid) for pid in re.findall(r"(\d+) \(", reaped.group(1))} == helpers - trackers
@@ -88,10 +121,13 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         # 2. kill -9 of tba up itself: every process of the run ends within the guards' grace period.
         # The running summary follows the restart: it names the new searcher's process group.
         group = os.getpgid(restarted)
-        summary = wait_while_running("summary naming the restarted searcher",
-                                     lambda: (s := read_summary(run_dir))
-                                     and s["process_groups"].get("searcher-0") == group and s,
-                                     2 * SUMMARY_EVERY_SECONDS, up, log)
+        summary = wait_while_running(
+            "summary naming the restarted searcher",
+            lambda: (s := read_summary(run_dir)) and s["process_groups"].get("searcher-0") == group and s,
+            2 * SUMMARY_EVERY_SECONDS,
+            up,
+            log,
+        )
         assert summary["state"] == "running"
         assert set(summary["process_groups"]) == {"redis", "buffer", "trainer", "searcher-0"}
         assert summary["endpoints"]["redis"].startswith("redis://")

@@ -38,16 +38,42 @@ TOKEN = "e2e-real-model-token"
 def run(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> dict:
     run_dir = tmp_path_factory.mktemp("e2e-real") / "run"
     env = {
-        **os.environ, "TBA_AUTH_TOKEN": TOKEN, "TBA_TEMPERATURE": str(T),
-        "TBA_PROMPTS_PER_BATCH": "2", "TBA_COMPLETIONS_PER_PROMPT": "4", "TBA_PROMPTS_PER_STEP": "2",
-        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4", "TBA_MAX_NEW_TOKENS": "32", "TBA_MAX_MODEL_LEN": "256",
+        **os.environ,
+        "TBA_AUTH_TOKEN": TOKEN,
+        "TBA_TEMPERATURE": str(T),
+        "TBA_PROMPTS_PER_BATCH": "2",
+        "TBA_COMPLETIONS_PER_PROMPT": "4",
+        "TBA_PROMPTS_PER_STEP": "2",
+        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4",
+        "TBA_MAX_NEW_TOKENS": "32",
+        "TBA_MAX_MODEL_LEN": "256",
         "TBA_WARMUP_SAMPLES": "8",
-        "TBA_CHECKPOINT_EVERY": "1", "TBA_KEEP_CHECKPOINTS": "10", "TBA_CHECKPOINT_GRACE_SECONDS": "600",
+        "TBA_CHECKPOINT_EVERY": "1",
+        "TBA_KEEP_CHECKPOINTS": "10",
+        "TBA_CHECKPOINT_GRACE_SECONDS": "600",
         "TBA_LR": "1e-3",  # large for a smoke run: each version's log-probs move well past the kernels' noise
     }
-    cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--searchers", "1", "--minutes", str(MINUTES),
-           "--max-steps", str(STEPS), "--run-dir", str(run_dir), "--base-model", "smollm2-135m-instruct",
-           "--eval-every", "100000", "--eval-prompts", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tba.cli",
+        "up",
+        "--no-console",
+        "--searchers",
+        "1",
+        "--minutes",
+        str(MINUTES),
+        "--max-steps",
+        str(STEPS),
+        "--run-dir",
+        str(run_dir),
+        "--base-model",
+        "smollm2-135m-instruct",
+        "--eval-every",
+        "100000",
+        "--eval-prompts",
+        "4",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MINUTES * 60 + 300)
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return {"dir": run_dir, "summary": json.loads((run_dir / "summary.json").read_text())}
@@ -63,10 +89,17 @@ def served(run: dict, tmp_path_factory: pytest.TempPathFactory):
     server = RedisServer(redis_dir)
     server.start()
     port = free_port()
-    env = {**os.environ, "TBA_REDIS_URL": server.url, "TBA_NAMESPACE": "tba", "TBA_AUTH_TOKEN": TOKEN,
-           "TBA_INGEST_ENABLED": "false", "TBA_PORT": str(port)}
-    buffer = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer"], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "TBA_REDIS_URL": server.url,
+        "TBA_NAMESPACE": "tba",
+        "TBA_AUTH_TOKEN": TOKEN,
+        "TBA_INGEST_ENABLED": "false",
+        "TBA_PORT": str(port),
+    }
+    buffer = subprocess.Popen(
+        [sys.executable, "-m", "tba.cli", "buffer"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     client = BufferClient(f"http://127.0.0.1:{port}", auth_token=TOKEN, timeout=10)
     try:
         assert client.stats()["samples"] > 0  # retried until the buffer answers
@@ -100,8 +133,7 @@ def test_the_searcher_reloaded_in_place(run: dict) -> None:
     assert log.count("vLLM engine up") == 1, "the engine was started more than once"
 
 
-def test_samples_after_a_reload_carry_the_new_weights_and_the_base_reference(run: dict, served,
-                                                                             smollm2: Path) -> None:
+def test_samples_after_a_reload_carry_the_new_weights_and_the_base_reference(run: dict, served, smollm2: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from tba.model.logprobs import sequence_logprobs
@@ -113,12 +145,16 @@ def test_samples_after_a_reload_carry_the_new_weights_and_the_base_reference(run
     reloaded = sorted(v for v in run["summary"]["searcher_versions"]["searcher-0"] if v > 0)
     checked = 0
     for version in reloaded:
-        batch = served.sample(SampleRequest(num_prompts=1, samples_per_prompt=4, trainer_version=version,
-                                            only_version=version, seed=version))
+        batch = served.sample(
+            SampleRequest(
+                num_prompts=1, samples_per_prompt=4, trainer_version=version, only_version=version, seed=version
+            )
+        )
         if batch is None:
             continue  # the run ended before this version's samples were ingested
-        policy = AutoModelForCausalLM.from_pretrained(str(run["dir"] / "checkpoints" / f"step-{version:06d}"),
-                                                      dtype=torch.float32).eval()
+        policy = AutoModelForCausalLM.from_pretrained(
+            str(run["dir"] / "checkpoints" / f"step-{version:06d}"), dtype=torch.float32
+        ).eval()
         for group in batch.groups:
             # The ids the trainer scores are the chat template's, special tokens included.
             assert group.prompt_ids == PromptFormat(chat=True).encode(tok, group.prompt_text)
@@ -146,7 +182,9 @@ def test_no_error_lines_and_nothing_left_running(run: dict) -> None:
     from reliability.procs import cmdline
 
     needle = str(run["dir"])
-    alive = [cmdline(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()
-             and needle in cmdline(int(p.name)) and "redis" not in cmdline(int(p.name))]
+    alive = [
+        cmdline(int(p.name))
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and needle in cmdline(int(p.name)) and "redis" not in cmdline(int(p.name))
+    ]
     assert not alive, f"still running: {alive}"
-

@@ -26,9 +26,30 @@ STEPS = 6
 def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
     run_dir = tmp_path_factory.mktemp("sharded") / "run"
     env = {**os.environ, "TBA_CHECKPOINT_EVERY": "2", "TBA_WARMUP_SAMPLES": "32", "TBA_CHECKPOINT_GRACE_SECONDS": "5"}
-    cmd = [sys.executable, "-m", "tba.cli", "up", "--no-console", "--searchers", "1", "--trainer-procs", "2",
-           "--minutes", "8", "--max-steps", str(STEPS), "--run-dir", str(run_dir), "--base-model", str(sft_model),
-           "--eval-every", "30", "--eval-prompts", "50", "--no-report"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tba.cli",
+        "up",
+        "--no-console",
+        "--searchers",
+        "1",
+        "--trainer-procs",
+        "2",
+        "--minutes",
+        "8",
+        "--max-steps",
+        str(STEPS),
+        "--run-dir",
+        str(run_dir),
+        "--base-model",
+        str(sft_model),
+        "--eval-every",
+        "30",
+        "--eval-prompts",
+        "50",
+        "--no-report",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=8 * 60 + 240)
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return {"dir": run_dir, "summary": json.loads((run_dir / "summary.json").read_text())}

@@ -66,8 +66,13 @@ def test_groups_in_then_batches_out_in_msgpack_and_json(make_client) -> None:
 def test_posting_the_same_group_twice_stores_it_once(make_client) -> None:
     client = make_client()
     g = make_group("p", rewards=[1.0, 2.0])
-    assert post_group(client, g).json() == {"group_id": g.group_id, "added": 2, "duplicates": 0, "evicted": 0,
-                                            "resent": False}
+    assert post_group(client, g).json() == {
+        "group_id": g.group_id,
+        "added": 2,
+        "duplicates": 0,
+        "evicted": 0,
+        "resent": False,
+    }
     again = client.post("/v1/groups", content=g.model_dump_json(), headers={"Content-Type": "application/json"})
     assert again.status_code == 200 and again.json()["resent"] is True
     stats = client.get("/v1/stats").json()
@@ -86,8 +91,10 @@ def test_409_with_a_reason_when_too_few_prompts(make_client) -> None:
 def test_auth_guards_writes_and_sampling_but_not_probes(make_client) -> None:
     client = make_client(auth_token="s3cret")
     g = encode(make_group("p"))
-    for path, body in (("/v1/groups", g), ("/v1/sample", encode(SampleRequest(num_prompts=1, samples_per_prompt=1,
-                                                                              trainer_version=0)))):
+    for path, body in (
+        ("/v1/groups", g),
+        ("/v1/sample", encode(SampleRequest(num_prompts=1, samples_per_prompt=1, trainer_version=0))),
+    ):
         r = client.post(path, content=body, headers=MSGPACK)
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
         assert "missing bearer token" in error_of(r)["message"]
@@ -101,13 +108,16 @@ def test_auth_guards_writes_and_sampling_but_not_probes(make_client) -> None:
     assert client.get("/healthz").status_code == 200 and client.get("/v1/stats").status_code == 200
 
 
-@pytest.mark.parametrize(("headers", "body", "status", "needle"), [
-    (MSGPACK, b"", 400, "empty"),
-    (MSGPACK, b"\xc1\x00", 422, "not valid msgpack"),
-    ({"Content-Type": "application/json"}, b"{not json", 422, "not valid json"),
-    ({"Content-Type": "text/plain"}, b"hello", 415, "text/plain"),
-    ({"Content-Type": "application/json"}, json.dumps([1, 2]).encode(), 422, "map at the top level"),
-])
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "needle"),
+    [
+        (MSGPACK, b"", 400, "empty"),
+        (MSGPACK, b"\xc1\x00", 422, "not valid msgpack"),
+        ({"Content-Type": "application/json"}, b"{not json", 422, "not valid json"),
+        ({"Content-Type": "text/plain"}, b"hello", 415, "text/plain"),
+        ({"Content-Type": "application/json"}, json.dumps([1, 2]).encode(), 422, "map at the top level"),
+    ],
+)
 def test_malformed_bodies_get_4xx_with_a_reason(make_client, headers, body, status, needle) -> None:
     client = make_client()
     for path in ("/v1/groups", "/v1/sample"):
@@ -128,11 +138,17 @@ def test_invalid_groups_are_refused_whole_and_nothing_is_stored(make_client) -> 
         "prompt_ids.0: Input should be greater than or equal to 0": {**good, "prompt_ids": [-3]},
         # the wire's bounds: a reward whose sums overflow, a token id no vocabulary has, a boolean as a number
         "samples.0.reward: Input should be less than or equal to 1000000": {
-            **good, "samples": [{**good["samples"][0], "reward": 1e308}]},
+            **good,
+            "samples": [{**good["samples"][0], "reward": 1e308}],
+        },
         "samples.0.logprob_sum: Input should be greater than or equal to -1000000000": {
-            **good, "samples": [{**good["samples"][0], "logprob_sum": -1e300}]},
+            **good,
+            "samples": [{**good["samples"][0], "logprob_sum": -1e300}],
+        },
         "samples.0.completion_ids.0: Input should be less than or equal to 2147483647": {
-            **good, "samples": [{**good["samples"][0], "completion_ids": [2**62]}]},
+            **good,
+            "samples": [{**good["samples"][0], "completion_ids": [2**62]}],
+        },
         "policy_version: Input should be a valid integer": {**good, "policy_version": False},
         "prompt_ids.0: Input should be a valid integer": {**good, "prompt_ids": ["7"]},
     }
@@ -171,8 +187,14 @@ def test_extreme_rewards_within_the_bounds_keep_every_counter_and_draw_right(mak
     stats = client.get("/v1/stats").json()
     assert stats["samples"] == 6 and stats["groups_ingested"] == 3
     assert stats["reward_mean"] == pytest.approx(-1 / 6, abs=1e-9)
-    req = {"num_prompts": 3, "samples_per_prompt": 1, "trainer_version": 0, "recency_prob": 0.0,
-           "reward_inv_temp": 1e6, "seed": 3}
+    req = {
+        "num_prompts": 3,
+        "samples_per_prompt": 1,
+        "trainer_version": 0,
+        "recency_prob": 0.0,
+        "reward_inv_temp": 1e6,
+        "seed": 3,
+    }
     r = client.post("/v1/sample", json=req, headers={"Accept": "application/json"})
     assert r.status_code == 200, r.text
     best = {g["prompt_id"]: g["samples"][0]["reward"] for g in r.json()["groups"]}
@@ -194,8 +216,15 @@ def test_sync_mode_serves_samples_as_generated_not_as_stored(make_client) -> Non
     def draws(k: int, n: int) -> list[list[int]]:
         out = []
         for seed in range(n):
-            body = {"num_prompts": 1, "samples_per_prompt": k, "trainer_version": 6, "only_version": 6,
-                    "recency_prob": 0.0, "reward_inv_temp": 5.0, "seed": seed}
+            body = {
+                "num_prompts": 1,
+                "samples_per_prompt": k,
+                "trainer_version": 6,
+                "only_version": 6,
+                "recency_prob": 0.0,
+                "reward_inv_temp": 5.0,
+                "seed": seed,
+            }
             r = client.post("/v1/sample", json=body, headers={"Accept": "application/json"})
             assert r.status_code == 200, r.text
             out += [s["completion_ids"] for g in r.json()["groups"] for s in g["samples"]]
@@ -206,7 +235,7 @@ def test_sync_mode_serves_samples_as_generated_not_as_stored(make_client) -> Non
     assert binomtest(hits, len(one), 7 / 8).pvalue > 1e-3, hits
     assert binomtest(hits, len(one), 1 / 2).pvalue < 1e-12, hits  # what drawing distinct completions gives
     every = draws(8, 5)  # K equals what was generated: the generated group itself, each time
-    assert all(every[i:i + 8].count(common) == 7 for i in range(0, 40, 8))
+    assert all(every[i : i + 8].count(common) == 7 for i in range(0, 40, 8))
     many = draws(12, 40)  # K above what was generated: i.i.d. from the generated samples
     hits = sum(c == common for c in many)
     assert binomtest(hits, len(many), 7 / 8).pvalue > 1e-3, hits
@@ -214,22 +243,25 @@ def test_sync_mode_serves_samples_as_generated_not_as_stored(make_client) -> Non
 
 def test_invalid_sample_requests_name_the_field(make_client) -> None:
     client = make_client()
-    for body, field in (({"num_prompts": 0, "samples_per_prompt": 1, "trainer_version": 0}, "num_prompts"),
-                        ({"num_prompts": 1, "samples_per_prompt": 1}, "trainer_version"),
-                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "recency_prob": 2},
-                         "recency_prob"),
-                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "bogus": 1}, "bogus"),
-                        # beyond what the wire and the buffer's scores carry: 422, not a 500 when encoding
-                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 2**64}, "trainer_version"),
-                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "only_version": 2**21},
-                         "only_version"),
-                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "seed": 2**63},
-                         "seed"),
-                        # nothing is coerced: a boolean is no seed, a string no count
-                        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "seed": False},
-                         "seed: Input should be a valid integer"),
-                        ({"num_prompts": "2", "samples_per_prompt": 1, "trainer_version": 0},
-                         "num_prompts: Input should be a valid integer")):
+    for body, field in (
+        ({"num_prompts": 0, "samples_per_prompt": 1, "trainer_version": 0}, "num_prompts"),
+        ({"num_prompts": 1, "samples_per_prompt": 1}, "trainer_version"),
+        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "recency_prob": 2}, "recency_prob"),
+        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "bogus": 1}, "bogus"),
+        # beyond what the wire and the buffer's scores carry: 422, not a 500 when encoding
+        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 2**64}, "trainer_version"),
+        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "only_version": 2**21}, "only_version"),
+        ({"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "seed": 2**63}, "seed"),
+        # nothing is coerced: a boolean is no seed, a string no count
+        (
+            {"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0, "seed": False},
+            "seed: Input should be a valid integer",
+        ),
+        (
+            {"num_prompts": "2", "samples_per_prompt": 1, "trainer_version": 0},
+            "num_prompts: Input should be a valid integer",
+        ),
+    ):
         r = client.post("/v1/sample", json=body)
         assert r.status_code == 422 and field in error_of(r)["message"], r.text
 
@@ -249,8 +281,14 @@ def test_stream_ingest_runs_in_the_app_lifespan(make_client, redis_server) -> No
     assert stats["samples"] == 10 and stats["dead_letters"] == 1 and stats["searcher_versions"] == {"s-a": [1]}
     assert stats["dedup_records"] == 5  # one remembered id per stored group, none for the dead letter
     assert stats["ingest"]["healthy"] is True and stats["ingest"]["consumer"] == "api"
-    for key in ("reward_mean", "ingest_samples_per_s", "sample_samples_per_s", "samples_evicted",
-                "samples_dead_lettered", "groups_stored"):
+    for key in (
+        "reward_mean",
+        "ingest_samples_per_s",
+        "sample_samples_per_s",
+        "samples_evicted",
+        "samples_dead_lettered",
+        "groups_stored",
+    ):
         assert key in stats
 
 
@@ -302,8 +340,10 @@ def test_the_first_objective_is_pinned_and_others_are_refused_with_the_reason(ma
     request = {"num_prompts": 1, "samples_per_prompt": 1, "trainer_version": 0}
     r = client.post("/v1/sample", json={**request, "temperature": 0.7, "reference": "another-base"})
     assert r.status_code == 409 and error_of(r)["code"] == "objective_mismatch", r.text
-    assert client.post("/v1/sample", json={**request, "temperature": 0.7, "reference": "test-reference"}
-                       ).status_code == 200
+    assert (
+        client.post("/v1/sample", json={**request, "temperature": 0.7, "reference": "test-reference"}).status_code
+        == 200
+    )
     assert client.post("/v1/sample", json=request).status_code == 200  # a client that states none is not checked
     # JSON's 1.0 is the integer 1 (JSON Schema agrees); only booleans and strings are refused
     assert client.post("/v1/sample", json={**request, "num_prompts": 1.0, "seed": 7.0}).status_code == 200

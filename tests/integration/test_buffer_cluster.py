@@ -39,8 +39,14 @@ def cluster(redis_cluster):
 @pytest.mark.anyio
 async def test_ingest_http_capacities_and_sampling_on_a_cluster(cluster) -> None:
     sync = cluster.client()
-    s = BufferSettings(redis_url=cluster.url, redis_cluster=True, consumer_name="c1", ingest_block_ms=10,
-                       per_prompt_capacity=4, global_capacity=100)
+    s = BufferSettings(
+        redis_url=cluster.url,
+        redis_cluster=True,
+        consumer_name="c1",
+        ingest_block_ms=10,
+        per_prompt_capacity=4,
+        global_capacity=100,
+    )
     client = async_client(s.redis_url, cluster=True)
     try:
         store = BufferStore(client, s)
@@ -64,11 +70,15 @@ async def test_ingest_http_capacities_and_sampling_on_a_cluster(cluster) -> None
         assert sync.xpending(K.trajectories, K.ingest_group)["pending"] == 0
         summary = check_consistency(sync)
         assert summary["samples"] == 100
-        nodes = {sync.get_node_from_key(K.prompt_key(p, "order")).name
-                 for p in (x.decode() for x in sync.zrange(K.global_key("newest_version"), 0, -1))}
+        nodes = {
+            sync.get_node_from_key(K.prompt_key(p, "order")).name
+            for p in (x.decode() for x in sync.zrange(K.global_key("newest_version"), 0, -1))
+        }
         assert len(nodes) == 3, "prompts should spread over every primary"
-        batch = await served(Sampler(store), SampleRequest(num_prompts=8, samples_per_prompt=3, recency_prob=0.5,
-                                                          trainer_version=3, seed=7))
+        batch = await served(
+            Sampler(store),
+            SampleRequest(num_prompts=8, samples_per_prompt=3, recency_prob=0.5, trainer_version=3, seed=7),
+        )
         assert len(batch.groups) == 8 and all(len(g.samples) == 3 for g in batch.groups)
         assert len({g.prompt_id for g in batch.groups}) == 8
     finally:
@@ -78,11 +88,18 @@ async def test_ingest_http_capacities_and_sampling_on_a_cluster(cluster) -> None
 def test_the_buffer_service_runs_on_a_cluster(cluster, tmp_path) -> None:
     sync = cluster.client()
     port = free_port()
-    env = {**os.environ, "TBA_REDIS_URL": cluster.url, "TBA_REDIS_CLUSTER": "true", "TBA_PORT": str(port),
-           "TBA_CONSUMER_NAME": "svc", "TBA_AUTH_TOKEN": "t0ken"}
+    env = {
+        **os.environ,
+        "TBA_REDIS_URL": cluster.url,
+        "TBA_REDIS_CLUSTER": "true",
+        "TBA_PORT": str(port),
+        "TBA_CONSUMER_NAME": "svc",
+        "TBA_AUTH_TOKEN": "t0ken",
+    }
     log = tmp_path / "buffer.log"
-    proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer"], cwd=ROOT, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tba.cli", "buffer"], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
     url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer t0ken"}
     try:
         deadline = time.monotonic() + 30
@@ -104,8 +121,11 @@ def test_the_buffer_service_runs_on_a_cluster(cluster, tmp_path) -> None:
         while httpx.get(f"{url}/v1/stats").json()["samples"] < 81:
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        r = httpx.post(f"{url}/v1/sample", headers={**auth, "Accept": "application/json"},
-                       json={"num_prompts": 4, "samples_per_prompt": 2, "trainer_version": 2})
+        r = httpx.post(
+            f"{url}/v1/sample",
+            headers={**auth, "Accept": "application/json"},
+            json={"num_prompts": 4, "samples_per_prompt": 2, "trainer_version": 2},
+        )
         assert r.status_code == 200, r.text
         assert [len(g["samples"]) for g in r.json()["groups"]] == [2, 2, 2, 2]
         check_consistency(sync)

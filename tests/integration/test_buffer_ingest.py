@@ -23,7 +23,6 @@ pytestmark = pytest.mark.anyio
 K = Keys()
 
 
-
 @pytest.fixture
 async def make_ingestor(redis_server):
     clients = []
@@ -31,8 +30,7 @@ async def make_ingestor(redis_server):
     async def make(**overrides) -> Ingestor:
         client = async_client(redis_server.url)
         clients.append(client)
-        s = BufferSettings(**{"redis_url": redis_server.url, "consumer_name": "c1", "ingest_block_ms": 10,
-                              **overrides})
+        s = BufferSettings(**{"redis_url": redis_server.url, "consumer_name": "c1", "ingest_block_ms": 10, **overrides})
         ing = Ingestor(client, BufferStore(client, s), s)
         await ing.ensure_group()
         return ing
@@ -206,7 +204,8 @@ def test_count_samples_of_undecodable_payloads() -> None:
 
 
 async def test_a_consumer_dying_between_the_prompt_and_global_steps_is_finished_by_replay(
-        make_ingestor, redis_server) -> None:
+    make_ingestor, redis_server
+) -> None:
     """The prompt step ran for some groups, the global step (apply + ack) never did: whoever takes the
     entries over applies the recorded deltas once, storing and counting nothing twice."""
     sync = redis_server.client()
@@ -216,8 +215,9 @@ async def test_a_consumer_dying_between_the_prompt_and_global_steps_is_finished_
     held = await dying._read(">", 12, None)
     store = dying.store
     for group in groups[:7]:  # the prompt steps the dying consumer got through
-        await store.scripts.prompt_step(keys=store.prompt_script_keys(group.prompt_id),
-                                        args=store._write_args(group, 1000, time.time()))
+        await store.scripts.prompt_step(
+            keys=store.prompt_script_keys(group.prompt_id), args=store._write_args(group, 1000, time.time())
+        )
     assert len(held) == 12 and (await store.stats())["samples"] == 0  # nothing applied globally yet
     await asyncio.sleep(0.15)
     await drain(await make_ingestor(consumer_name="heir", claim_idle_ms=100))

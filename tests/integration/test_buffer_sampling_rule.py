@@ -25,7 +25,6 @@ pytestmark = pytest.mark.anyio
 ACCEPT = 1e-3
 
 
-
 @pytest.fixture
 async def sampler(redis_server):
     client = async_client(redis_server.url)
@@ -67,8 +66,9 @@ async def test_reward_branch_first_draw_is_softmax_of_rewards(sampler) -> None:
     rewards = [0.0, 0.5, 1.0, 1.5, 2.0]
     for i in range(10):
         await sampler.store.write_group(make_group(f"p{i}", rewards=rewards, tokens=[[t] for t in range(1, 6)]))
-    groups = await draw(sampler, 150, num_prompts=10, samples_per_prompt=1, trainer_version=0, recency_prob=0.0,
-                        reward_inv_temp=1.3)
+    groups = await draw(
+        sampler, 150, num_prompts=10, samples_per_prompt=1, trainer_version=0, recency_prob=0.0, reward_inv_temp=1.3
+    )
     counts = Counter(g["samples"][0]["reward"] for g in groups)
     probs = dict(zip(rewards, softmax(rewards, 1.3), strict=True))
     assert p_value(counts, probs) > ACCEPT
@@ -80,8 +80,9 @@ async def test_reward_branch_without_replacement_is_sequential_softmax(sampler) 
     rewards = [0.0, 0.5, 1.0, 1.5, 2.0]
     for i in range(10):
         await sampler.store.write_group(make_group(f"p{i}", rewards=rewards, tokens=[[t] for t in range(1, 6)]))
-    groups = await draw(sampler, 150, num_prompts=10, samples_per_prompt=3, trainer_version=0, recency_prob=0.0,
-                        reward_inv_temp=1.3)
+    groups = await draw(
+        sampler, 150, num_prompts=10, samples_per_prompt=3, trainer_version=0, recency_prob=0.0, reward_inv_temp=1.3
+    )
     w = [math.exp(1.3 * r) for r in rewards]
     law: Counter = Counter()
     for perm in itertools.permutations(range(5), 3):  # probability of each ordered draw, summed per set
@@ -103,8 +104,16 @@ async def test_recency_branch_draws_uniformly_among_the_newest_samples(sampler) 
         await sampler.store.write_group(make_group(g, version=5, rewards=[5.0, 5.1, 5.2]))
         await sampler.store.write_group(make_group(g, version=4, rewards=[4.0, 4.1]))
         await sampler.store.write_group(make_group(g, version=2, rewards=[2.0, 2.1, 2.2, 2.3]))
-    groups = await draw(sampler, 100, num_prompts=6, samples_per_prompt=8, trainer_version=5, recency_prob=1.0,
-                        recent_versions=2, reward_inv_temp=5.0)
+    groups = await draw(
+        sampler,
+        100,
+        num_prompts=6,
+        samples_per_prompt=8,
+        trainer_version=5,
+        recency_prob=1.0,
+        recent_versions=2,
+        reward_inv_temp=5.0,
+    )
     assert all(g["branch"] == "recency" for g in groups)
     counts = Counter(s["reward"] for g in groups for s in g["samples"])
     newest = [5.0, 5.1, 5.2, 4.0, 4.1]
@@ -115,7 +124,7 @@ async def test_prompts_are_drawn_uniformly_without_replacement(sampler) -> None:
     for i in range(7):
         await sampler.store.write_group(make_group(f"p{i}", version=i % 2, rewards=[0.0, 1.0]))
     groups = await draw(sampler, 400, num_prompts=3, samples_per_prompt=1, trainer_version=1, recency_prob=0.0)
-    calls = [groups[i:i + 3] for i in range(0, len(groups), 3)]
+    calls = [groups[i : i + 3] for i in range(0, len(groups), 3)]
     assert all(len({g["prompt_id"] for g in c}) == 3 for c in calls)
     counts = Counter(g["prompt_id"] for g in groups)
     assert p_value(counts, {f"p{i}": 1 / 7 for i in range(7)}) > ACCEPT

@@ -23,10 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_buffer(redis_url: str, consumer: str, log: Path, **env: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    full_env = {**os.environ, "TBA_REDIS_URL": redis_url, "TBA_PORT": str(port), "TBA_CONSUMER_NAME": consumer,
-                **{f"TBA_{k.upper()}": v for k, v in env.items()}}
-    proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer"], cwd=ROOT, env=full_env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    full_env = {
+        **os.environ,
+        "TBA_REDIS_URL": redis_url,
+        "TBA_PORT": str(port),
+        "TBA_CONSUMER_NAME": consumer,
+        **{f"TBA_{k.upper()}": v for k, v in env.items()},
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tba.cli", "buffer"],
+        cwd=ROOT,
+        env=full_env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -56,8 +66,10 @@ def test_killed_between_read_and_ack_loses_nothing_and_duplicates_nothing(redis_
     n_groups, n_held = 3000, 200
     pipe = sync.pipeline(transaction=False)
     for i in range(n_groups):
-        pipe.xadd(K.trajectories, {STREAM_FIELD: encode(make_group(f"p{i % 500}", version=i // 1000,
-                                                                  rewards=[0.0, 1.0, 2.0, 3.0]))})
+        pipe.xadd(
+            K.trajectories,
+            {STREAM_FIELD: encode(make_group(f"p{i % 500}", version=i // 1000, rewards=[0.0, 1.0, 2.0, 3.0]))},
+        )
     pipe.execute()
     # A replica that read a batch and died before its store-and-ack call leaves exactly this state
     # (storing and acking are one atomic Lua call): entries pending under its name, nothing stored.
@@ -80,8 +92,12 @@ def test_killed_between_read_and_ack_loses_nothing_and_duplicates_nothing(redis_
     assert stored_at_kill <= n_groups - n_held
     b, url = start_buffer(redis_server.url, "replica-b", tmp_path / "b.log", claim_idle_ms="200")
     try:
-        wait_for(lambda: int(sync.hget(K.global_key("stats"), "groups_ingested") or 0) >= n_groups
-                 and sync.xpending(K.trajectories, K.ingest_group)["pending"] == 0)
+        wait_for(
+            lambda: (
+                int(sync.hget(K.global_key("stats"), "groups_ingested") or 0) >= n_groups
+                and sync.xpending(K.trajectories, K.ingest_group)["pending"] == 0
+            )
+        )
         stats = httpx.get(f"{url}/v1/stats").json()
         assert stats["samples"] == 4 * n_groups and stats["groups_stored"] == n_groups
         assert stats["samples_duplicate"] == 0 and stats["groups_duplicate"] == 0 and stats["dead_letters"] == 0
@@ -95,9 +111,14 @@ def test_killed_between_read_and_ack_loses_nothing_and_duplicates_nothing(redis_
 
 
 def test_bad_settings_stop_the_service_with_a_message_naming_the_variable(redis_server) -> None:
-    r = subprocess.run([sys.executable, "-m", "tba.cli", "buffer", "--per-prompt-capacity", "zero"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "TBA_REDIS_URL": redis_server.url})
+    r = subprocess.run(
+        [sys.executable, "-m", "tba.cli", "buffer", "--per-prompt-capacity", "zero"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TBA_REDIS_URL": redis_server.url},
+    )
     assert r.returncode == 2
     assert "TBA_PER_PROMPT_CAPACITY / --per-prompt-capacity" in r.stderr and "'zero'" in r.stderr
 
@@ -112,11 +133,14 @@ def test_a_client_leaving_mid_body_costs_one_log_line_not_a_traceback(redis_serv
         port = int(url.rsplit(":", 1)[1])
         for _ in range(3):
             with socket.create_connection(("127.0.0.1", port)) as sock:
-                sock.sendall(b"POST /v1/groups HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
-                             b"Content-Length: 100000\r\n\r\n" + b"\x00" * 1000)
+                sock.sendall(
+                    b"POST /v1/groups HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
+                    b"Content-Length: 100000\r\n\r\n" + b"\x00" * 1000
+                )
         wait_for(lambda: log.read_text().count("went away after") == 3, timeout=10)
-        r = httpx.post(f"{url}/v1/groups", content=encode(make_group("after")),
-                       headers={"Content-Type": "application/msgpack"})
+        r = httpx.post(
+            f"{url}/v1/groups", content=encode(make_group("after")), headers={"Content-Type": "application/msgpack"}
+        )
         assert r.status_code == 200, r.text
         text = log.read_text()
         assert "Traceback" not in text and "Exception in ASGI application" not in text, text

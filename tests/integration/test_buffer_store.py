@@ -24,7 +24,6 @@ from tests.unit.buffer_factories import check_consistency, make_group, served
 pytestmark = pytest.mark.anyio
 
 
-
 @pytest.fixture
 async def make_store(redis_server):
     clients = []
@@ -106,8 +105,9 @@ async def test_per_prompt_capacity_evicts_oldest_version_first(make_store, redis
     assert res.evicted == 3  # the second write already evicted one version-1 sample
     stats = await store.stats()
     assert stats["versions"] == {2: 2, 3: 3} and stats["samples_evicted"] == 4
-    rewards = sorted(s.reward for s in (await served(Sampler(store),
-        req(samples_per_prompt=5, trainer_version=3))).groups[0].samples)
+    rewards = sorted(
+        s.reward for s in (await served(Sampler(store), req(samples_per_prompt=5, trainer_version=3))).groups[0].samples
+    )
     assert rewards == [2.1, 2.2, 3.0, 3.1, 3.2]  # within version 2, the earliest arrival went first
     check_consistency(redis_server.client())
 
@@ -149,8 +149,9 @@ class ModelBuffer:
         while len(store) > self.pcap:
             del store[min(store, key=lambda h: store[h][:2])]
         while sum(map(len, self.prompts.values())) > self.gcap:
-            p, h = min(((p, h) for p, hs in self.prompts.items() for h in hs),
-                       key=lambda ph: self.prompts[ph[0]][ph[1]][:2])
+            p, h = min(
+                ((p, h) for p, hs in self.prompts.items() for h in hs), key=lambda ph: self.prompts[ph[0]][ph[1]][:2]
+            )
             del self.prompts[p][h]
         self.prompts = {p: hs for p, hs in self.prompts.items() if hs}
 
@@ -161,8 +162,10 @@ def stored_state(sync) -> dict[str, dict[str, tuple[int, int, float]]]:
     k, out = Keys(), {}
     for p in (x.decode() for x in sync.zrange(k.global_key("newest_version"), 0, -1)):
         rewards = sync.hgetall(k.prompt_key(p, "rewards"))
-        out[p] = {h.decode(): (int(sc) // VERSION_SHIFT, int(sc) % VERSION_SHIFT, float(rewards[h]))
-                  for h, sc in sync.zrange(k.prompt_key(p, "order"), 0, -1, withscores=True)}
+        out[p] = {
+            h.decode(): (int(sc) // VERSION_SHIFT, int(sc) % VERSION_SHIFT, float(rewards[h]))
+            for h, sc in sync.zrange(k.prompt_key(p, "order"), 0, -1, withscores=True)
+        }
     return out
 
 
@@ -193,12 +196,18 @@ def test_any_write_sequence_matches_the_model_and_keeps_counters_exact(redis_ser
 
     async def run() -> None:
         client = async_client(redis_server.url)
-        store = BufferStore(client, BufferSettings(redis_url=redis_server.url, per_prompt_capacity=pcap,
-                                                   global_capacity=gcap))
+        store = BufferStore(
+            client, BufferSettings(redis_url=redis_server.url, per_prompt_capacity=pcap, global_capacity=gcap)
+        )
         previous = None
         for prompt, version, toks, resend in ops:
-            group = previous if resend and previous else make_group(
-                prompt, version, rewards=[float(t) + version / 10 for t in toks], tokens=[[t] for t in toks])
+            group = (
+                previous
+                if resend and previous
+                else make_group(
+                    prompt, version, rewards=[float(t) + version / 10 for t in toks], tokens=[[t] for t in toks]
+                )
+            )
             await store.write_group(group)
             model.write(group)
             previous = group
@@ -228,8 +237,10 @@ async def test_only_version_and_max_staleness_filter_samples(make_store) -> None
     for seed in range(10):
         batch = await served(sampler, req(num_prompts=3, samples_per_prompt=4, only_version=1, seed=seed))
         assert {s.version for g in batch.groups for s in g.samples} == {1}
-        batch = await served(sampler, req(num_prompts=3, samples_per_prompt=4, trainer_version=6, max_staleness=2,
-                                         recency_prob=0.5, seed=seed))
+        batch = await served(
+            sampler,
+            req(num_prompts=3, samples_per_prompt=4, trainer_version=6, max_staleness=2, recency_prob=0.5, seed=seed),
+        )
         assert {s.version for g in batch.groups for s in g.samples} == {4}
         assert all(s.staleness == 2 for g in batch.groups for s in g.samples)
     with pytest.raises(NotEnoughPrompts, match="no older than version 5"):
@@ -292,8 +303,9 @@ async def test_recency_takes_the_newest_versions_and_falls_back_to_reward(make_s
         assert branches.pop("new") == "recency" and set(branches.values()) == {"reward"}  # only one recent prompt
         new = next(g for g in batch.groups if g.prompt_id == "new")
         assert {s.version for s in new.samples} == {5}  # newest samples only, with replacement (3 < 6)
-        batch = await served(sampler, req(num_prompts=2, samples_per_prompt=2, recency_prob=1.0, recent_versions=2,
-                                         seed=seed))
+        batch = await served(
+            sampler, req(num_prompts=2, samples_per_prompt=2, recency_prob=1.0, recent_versions=2, seed=seed)
+        )
         assert sorted(g.prompt_id for g in batch.groups) == ["mid", "new"]
         assert all(g.branch == "recency" for g in batch.groups)
 
@@ -323,8 +335,9 @@ async def test_sampling_while_writers_evict_always_answers_whole_batches(make_st
     async def reader() -> int:
         batches = 0
         while not done.is_set():
-            batch = await served(sampler, req(num_prompts=4, samples_per_prompt=5, trainer_version=30,
-                                             recency_prob=0.5, seed=None))
+            batch = await served(
+                sampler, req(num_prompts=4, samples_per_prompt=5, trainer_version=30, recency_prob=0.5, seed=None)
+            )
             assert len(batch.groups) == 4 and all(len(g.samples) == 5 for g in batch.groups)
             batches += 1
         return batches
@@ -343,11 +356,14 @@ async def test_http_writes_interrupted_between_steps_are_recovered(make_store, r
     done, lost = make_group("p", version=1, rewards=[1.0, 2.0]), make_group("q", version=1, rewards=[3.0])
     for group, reached_prompt in ((done, True), (lost, False)):
         intent = group_intent(group, at=time.time() - 60)
-        first_arrival = await store.scripts.record_intent(keys=[store.intents_key],
-                                                          args=[store.global_prefix, uuid.uuid4().hex, intent, 2])
+        first_arrival = await store.scripts.record_intent(
+            keys=[store.intents_key], args=[store.global_prefix, uuid.uuid4().hex, intent, 2]
+        )
         if reached_prompt:
-            await store.scripts.prompt_step(keys=store.prompt_script_keys(group.prompt_id),
-                                            args=store._write_args(group, first_arrival, time.time()))
+            await store.scripts.prompt_step(
+                keys=store.prompt_script_keys(group.prompt_id),
+                args=store._write_args(group, first_arrival, time.time()),
+            )
     assert (await store.stats())["samples"] == 0
     assert await store.recover(stale_seconds=30) == 2
     stats = await store.stats()
@@ -368,8 +384,9 @@ async def test_an_interrupted_global_eviction_is_finished_by_recovery(make_store
         await store.write_group(make_group(name, version=version, rewards=[0.0] * 3))
     assert (await store.stats())["samples"] == 4
     store.settings.global_capacity = 2  # shrunk: the next check plans an eviction; its writer dies there
-    plan = await store.scripts.plan_eviction(keys=[store.stats_key],
-                                             args=[store.global_prefix, 2, "tok", repr(time.time() - 60)])
+    plan = await store.scripts.plan_eviction(
+        keys=[store.stats_key], args=[store.global_prefix, 2, "tok", repr(time.time() - 60)]
+    )
     assert plan[0] == b"a" and int(plan[1]) == 2
     assert await store.enforce_capacity() == 0  # the excess is reserved by the pending intent: no double eviction
     assert await store.recover(stale_seconds=30) == 1  # a's last sample: the plan stops at b's oldest

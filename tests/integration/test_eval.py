@@ -40,8 +40,10 @@ def test_distinct_correct_answers_are_counted_by_canonical_form() -> None:
     task = make_task("countdown")
     p1 = Prompt("24 from 2 3 4 6:", "24 from 2 3 4 6:", "24")
     p2 = Prompt("16 from 1 3 4 8:", "16 from 1 3 4 8:", "16")
-    groups = [["4*6", "6*4", "(4*6)", "2*3*4", "25", "x"],  # 4 correct, 2 distinct
-              ["8*(3-1)", "4*4", "nope", "8+8", "(3-1)*8", "8*(4-3+1)"]]  # 3 correct, 2 distinct
+    groups = [
+        ["4*6", "6*4", "(4*6)", "2*3*4", "25", "x"],  # 4 correct, 2 distinct
+        ["8*(3-1)", "4*4", "nope", "8+8", "(3-1)*8", "8*(4-3+1)"],
+    ]  # 3 correct, 2 distinct
     out = score_samples(task, [p1, p2], groups, ks=[1, 2, 6])
     assert out["distinct_correct"] == pytest.approx(2.0)
     assert out["pass_at_k"]["1"] == pytest.approx((4 / 6 + 3 / 6) / 2)
@@ -75,22 +77,35 @@ def test_evaluates_the_sft_model(sft_eval: dict, sft_model: Path) -> None:
 def test_same_seed_same_result_and_countdown_has_diversity_figure(sft_eval: dict, sft_model: Path) -> None:
     again = evaluate_checkpoint(sft_model, "arithmetic", 200, samples=4, pass_k=(1, 2, 4), seed=0)
     assert {k: v for k, v in again.items() if k != "eval_seconds"} == {
-        k: v for k, v in sft_eval.items() if k != "eval_seconds"}
+        k: v for k, v in sft_eval.items() if k != "eval_seconds"
+    }
     cd = evaluate_checkpoint(sft_model, make_task("countdown"), 20, samples=4, pass_k=(1, 4))
     assert cd["task"] == "countdown" and cd["n_prompts"] == 20
     assert cd["distinct_correct"] is not None and 0 <= cd["distinct_correct"] <= 4
 
 
 @pytest.mark.slow
-def test_cli_evaluates_a_published_checkpoint(sft_model: Path, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture) -> None:
+def test_cli_evaluates_a_published_checkpoint(sft_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     store = CheckpointStore(tmp_path / "ckpt")
     tmp = store.new_tmp_dir()
     for f in sft_model.iterdir():
         shutil.copy(f, tmp / f.name)
     manifest = store.commit(tmp, version=4, step=4)
-    argv = ["eval", str(store.root), "--task", "arithmetic", "--n-prompts", "40", "--samples", "4",
-            "--pass-k", "1,4", "--threads", "1", "--json"]
+    argv = [
+        "eval",
+        str(store.root),
+        "--task",
+        "arithmetic",
+        "--n-prompts",
+        "40",
+        "--samples",
+        "4",
+        "--pass-k",
+        "1,4",
+        "--threads",
+        "1",
+        "--json",
+    ]
     assert tba_main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["model"] == str(store.resolve(manifest)) and set(result["pass_at_k"]) == {"1", "4"}

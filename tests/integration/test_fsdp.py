@@ -26,11 +26,29 @@ pytestmark = pytest.mark.slow
 
 
 def run_step(tiny_model: Path, out: Path, ranks: int, lora_rank: int = 0) -> tuple[dict, dict]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
-                "127.0.0.1", "--master-port", str(free_port())] if ranks > 1 else [sys.executable]
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(ranks),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+        ]
+        if ranks > 1
+        else [sys.executable]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([*launcher, "-m", "tests.fsdp_step", str(tiny_model), str(out), str(lora_rank)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*launcher, "-m", "tests.fsdp_step", str(tiny_model), str(out), str(lora_rank)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (out.parent / f"{out.name}.log").write_text(proc.stderr)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
@@ -78,8 +96,11 @@ def test_two_ranks_take_the_one_process_step(tiny_model: Path, tmp_path: Path, l
         model, _ = load_model(directory)
         rows = batch(int(model.config.vocab_size))
         with torch.no_grad():
-            logprobs.append(sequence_logprobs(model, [list(r.prompt_ids) for r in rows],
-                                              [list(r.completion_ids) for r in rows], T, 0))
+            logprobs.append(
+                sequence_logprobs(
+                    model, [list(r.prompt_ids) for r in rows], [list(r.completion_ids) for r in rows], T, 0
+                )
+            )
     torch.testing.assert_close(logprobs[1], logprobs[0], atol=1e-4, rtol=1e-5)
     for name, state in one_opt.items():
         for key in ("exp_avg", "exp_avg_sq"):

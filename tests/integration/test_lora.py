@@ -102,10 +102,20 @@ def test_a_lora_step_trains_the_adapters_only(tiny_model: Path) -> None:
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     before = {n: p.detach().clone() for n, p in adapters.items()}
     prompts, completions = sequences(tok)
-    rows = [Row(("arithmetic", str(tuple(p))), tuple(p), tuple(c), float(i % 2), -20.0, 0, 0)
-            for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
-    learner = Learner(model, optimizer, scheduler, make_loss("tb"), temperature=T, pad_id=tok.pad_token_id,
-                      token_budget=4096, grad_clip=1.0)
+    rows = [
+        Row(("arithmetic", str(tuple(p))), tuple(p), tuple(c), float(i % 2), -20.0, 0, 0)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]
+    learner = Learner(
+        model,
+        optimizer,
+        scheduler,
+        make_loss("tb"),
+        temperature=T,
+        pad_id=tok.pad_token_id,
+        token_budget=4096,
+        grad_clip=1.0,
+    )
     result = learner.step(rows, beta=0.05)
     assert result.samples == len(rows) and 0 < result.grad_norm < float("inf")
     for n, p in model.named_parameters():
@@ -129,8 +139,9 @@ def test_a_lora_checkpoint_is_the_adapter_only_and_resumes(tiny_model: Path, tmp
     full = sum(p.numel() * 4 for p in base_model(tiny_model).parameters())
     assert (directory / ADAPTER_WEIGHTS).stat().st_size < 0.2 * full
 
-    settings = TrainerSettings(model=tiny_model, checkpoint_dir=store.root, lora_rank=RANK,
-                               buffer_url="http://127.0.0.1:9")
+    settings = TrainerSettings(
+        model=tiny_model, checkpoint_dir=store.root, lora_rank=RANK, buffer_url="http://127.0.0.1:9"
+    )
     resumed = Trainer(settings).load_model(find_resume_point(store).directory)
     saved = dict(model.named_parameters())
     for name, p in resumed.named_parameters():
@@ -159,9 +170,12 @@ def test_tba_model_merge_writes_a_full_model_that_loads_as_is(tiny_model: Path, 
     merged = base_model(tmp_path / "merged")
     prompts, completions = sequences(tok)
     with torch.no_grad():
-        torch.testing.assert_close(sequence_logprobs(merged, prompts, completions, T, tok.pad_token_id),
-                                   sequence_logprobs(model, prompts, completions, T, tok.pad_token_id),
-                                   atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            sequence_logprobs(merged, prompts, completions, T, tok.pad_token_id),
+            sequence_logprobs(model, prompts, completions, T, tok.pad_token_id),
+            atol=1e-4,
+            rtol=1e-5,
+        )
     assert load_tokenizer(tmp_path / "merged").get_vocab() == tok.get_vocab()
     assert merge(tmp_path / "merged") == 2
     assert "exists and is not empty" in capsys.readouterr().err
@@ -170,10 +184,11 @@ def test_tba_model_merge_writes_a_full_model_that_loads_as_is(tiny_model: Path, 
     assert not (tmp_path / "other").exists()
 
 
-@pytest.mark.parametrize(("text", "needle"), [("[1, 2]", "peft_type None"), ('{"peft_type": "IA3"}', "'IA3'"),
-                                              ("{not json", "not a readable adapter config")])
-def test_an_adapter_config_that_is_not_lora_is_refused_with_the_reason(tmp_path: Path, text: str,
-                                                                       needle: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("[1, 2]", "peft_type None"), ('{"peft_type": "IA3"}', "'IA3'"), ("{not json", "not a readable adapter config")],
+)
+def test_an_adapter_config_that_is_not_lora_is_refused_with_the_reason(tmp_path: Path, text: str, needle: str) -> None:
     from tba.model.adapters import read_adapter_config
 
     (tmp_path / ADAPTER_CONFIG).write_text(text)
@@ -208,9 +223,20 @@ def test_the_searcher_serves_each_published_adapter_in_place(tiny_model: Path, t
     tok = load_tokenizer(tiny_model)
     store = CheckpointStore(tmp_path / "ckpt")
     settings = SearcherSettings(
-        model=tiny_model, redis_url=redis_server.url, namespace="t", checkpoint_dir=store.root,
-        spill_dir=tmp_path / "spill", searcher_id="s-lora", completions_per_prompt=4, prompts_per_batch=4,
-        max_new_tokens=12, temperature=T, max_model_len=64, kv_cache_gib=1, lora_rank=RANK, max_batches=1,
+        model=tiny_model,
+        redis_url=redis_server.url,
+        namespace="t",
+        checkpoint_dir=store.root,
+        spill_dir=tmp_path / "spill",
+        searcher_id="s-lora",
+        completions_per_prompt=4,
+        prompts_per_batch=4,
+        max_new_tokens=12,
+        temperature=T,
+        max_model_len=64,
+        kv_cache_gib=1,
+        lora_rank=RANK,
+        max_batches=1,
         reload_poll_seconds=0.2,
     )
     adapters = [lora_model(tiny_model, seed=s).eval() for s in (3, 4)]
@@ -222,9 +248,15 @@ def test_the_searcher_serves_each_published_adapter_in_place(tiny_model: Path, t
         with torch.inference_mode():
             for prompt in ids:
                 x = torch.tensor([prompt])
-                gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
-                                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-                out.append(gen[0, len(prompt):].tolist())
+                gen = model.generate(
+                    x,
+                    attention_mask=torch.ones_like(x),
+                    max_new_tokens=12,
+                    do_sample=False,
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                )
+                out.append(gen[0, len(prompt) :].tolist())
         return out
 
     engine = Engine(settings, tiny_model, version=0, seed=0)

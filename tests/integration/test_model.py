@@ -23,7 +23,8 @@ T = 0.7
 
 def prompt_texts() -> list[str]:
     return [p.text for p in make_task("arithmetic").eval_prompts(24)] + [
-        p.text for p in make_task("countdown").eval_prompts(8)]
+        p.text for p in make_task("countdown").eval_prompts(8)
+    ]
 
 
 def test_loads_with_auto_classes(tiny_model: Path) -> None:
@@ -45,8 +46,26 @@ def test_loads_with_auto_classes(tiny_model: Path) -> None:
 
 def test_cli_init_writes_a_loadable_model(tmp_path: Path) -> None:
     out = tmp_path / "m"
-    proc = subprocess.run([sys.executable, "-m", "tba.cli", "model", "init", "--out", str(out), "--hidden-size",
-                           "128", "--layers", "2", "--seed", "3"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tba.cli",
+            "model",
+            "init",
+            "--out",
+            str(out),
+            "--hidden-size",
+            "128",
+            "--layers",
+            "2",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     model, tok = load_model(out)
     assert model.config.hidden_size == 128 and model.config.num_hidden_layers == 2
@@ -58,8 +77,10 @@ def test_batched_greedy_decoding_does_not_depend_on_the_batch(tiny_model: Path) 
     prompts = [encode_prompt(tok, t) for t in prompt_texts()]
     with torch_threads():
         batched = generate(model, prompts, max_new_tokens=MAX_NEW, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-        alone = [generate(model, [p], max_new_tokens=MAX_NEW, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)[0]
-                 for p in prompts[:6]]
+        alone = [
+            generate(model, [p], max_new_tokens=MAX_NEW, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)[0]
+            for p in prompts[:6]
+        ]
     assert batched[:6] == alone
     assert all(0 < len(c) <= MAX_NEW for c in batched)
 
@@ -70,8 +91,15 @@ def llm(tiny_model: Path):
 
     # On the CPU backend gpu_memory_utilization is the fraction of RAM vLLM insists is free at start
     # (default 0.92): keep it low, other processes share this machine.
-    engine = LLM(model=str(tiny_model), dtype="float32", max_model_len=128, enforce_eager=True, seed=0,
-                 logprobs_mode="processed_logprobs", gpu_memory_utilization=0.2)
+    engine = LLM(
+        model=str(tiny_model),
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        gpu_memory_utilization=0.2,
+    )
     yield engine
     core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
     if core is not None and hasattr(core, "shutdown"):
@@ -91,8 +119,13 @@ def assert_same_greedy(llm, model_dir: Path) -> list[list[int]]:
     model, tok = load_model(model_dir)
     texts = prompt_texts()
     with torch_threads():
-        ours = generate(model, [encode_prompt(tok, t) for t in texts], max_new_tokens=MAX_NEW,
-                        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+        ours = generate(
+            model,
+            [encode_prompt(tok, t) for t in texts],
+            max_new_tokens=MAX_NEW,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+        )
     theirs = [list(o.token_ids) for o in vllm_generate(llm, tok, texts, temperature=0.0)]
     for text, a, b in zip(texts, ours, theirs, strict=True):
         assert a == b, f"{text!r}: transformers {a} != vLLM {b}"

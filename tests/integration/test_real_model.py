@@ -29,8 +29,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 T = 0.7
 MAX_NEW = 256
 EOS = 2  # <|im_end|>
-QUESTIONS = ["What is 37+45? Answer with the number only.", "What is 12+61? Answer with the number only.",
-             "Write a short story about a robot who learns to paint."]
+QUESTIONS = [
+    "What is 37+45? Answer with the number only.",
+    "What is 12+61? Answer with the number only.",
+    "Write a short story about a robot who learns to paint.",
+]
 
 
 def hf_model(path: Path):
@@ -43,9 +46,18 @@ def hf_model(path: Path):
 def parts(smollm2: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("real")
     settings = SearcherSettings(
-        model=smollm2, redis_url="redis://127.0.0.1:1/0", namespace="t", checkpoint_dir=tmp / "ckpt",
-        spill_dir=tmp / "spill", searcher_id="s-real", completions_per_prompt=4, prompts_per_batch=3,
-        max_new_tokens=MAX_NEW, max_model_len=512, temperature=T, kv_cache_gib=1,
+        model=smollm2,
+        redis_url="redis://127.0.0.1:1/0",
+        namespace="t",
+        checkpoint_dir=tmp / "ckpt",
+        spill_dir=tmp / "spill",
+        searcher_id="s-real",
+        completions_per_prompt=4,
+        prompts_per_batch=3,
+        max_new_tokens=MAX_NEW,
+        max_model_len=512,
+        temperature=T,
+        kv_cache_gib=1,
     )
     task = make_task("arithmetic", chat=True)
     scorer = Scorer(settings, task, settings.searcher_id)
@@ -64,8 +76,9 @@ def test_prompt_ids_are_the_chat_templates_including_special_tokens(parts) -> No
     tok = scorer.tokenizer
     _, ids = prompts_and_ids(scorer)
     for question, prompt_ids in zip(QUESTIONS, ids, strict=True):
-        expected = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
+        expected = tok.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         assert prompt_ids == list(expected)
         assert prompt_ids[0] == 1 and prompt_ids.count(EOS) == 2  # <|im_start|> ... <|im_end|>: system, user
 
@@ -127,15 +140,35 @@ def test_a_trained_checkpoint_reloads_in_place_with_tied_weights(parts, smollm2:
 
     engine, scorer, settings = parts
     prompts, ids = prompts_and_ids(scorer)
-    groups = scorer.score(GeneratedBatch(prompts[:2], ids[:2], engine.generate(
-        ids[:2], engine.sampling_params(4, T, 32)), version=engine.version, ref_is_policy=True))
-    rows = [Row(("arithmetic", g.prompt_id), tuple(g.prompt_ids), tuple(s.completion_ids), s.reward,
-                s.ref_logprob_sum, 0, 0) for g in groups for s in g.samples]
+    groups = scorer.score(
+        GeneratedBatch(
+            prompts[:2],
+            ids[:2],
+            engine.generate(ids[:2], engine.sampling_params(4, T, 32)),
+            version=engine.version,
+            ref_is_policy=True,
+        )
+    )
+    rows = [
+        Row(
+            ("arithmetic", g.prompt_id), tuple(g.prompt_ids), tuple(s.completion_ids), s.reward, s.ref_logprob_sum, 0, 0
+        )
+        for g in groups
+        for s in g.samples
+    ]
     # One TB step of the trainer's own learner on the real model (lr large enough to move the weights).
     model = hf_model(smollm2)
     optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
-    learner = Learner(model, optimizer, scheduler, make_loss("tb"), temperature=T, pad_id=scorer.pad_id,
-                      token_budget=16384, grad_clip=1.0)
+    learner = Learner(
+        model,
+        optimizer,
+        scheduler,
+        make_loss("tb"),
+        temperature=T,
+        pad_id=scorer.pad_id,
+        token_budget=16384,
+        grad_clip=1.0,
+    )
     result = learner.step(rows, beta=0.05)
     assert result.samples == len(rows) and torch.isfinite(torch.tensor(result.grad_norm))
     store = CheckpointStore(tmp_path / "ckpt")
@@ -153,8 +186,14 @@ def test_a_trained_checkpoint_reloads_in_place_with_tied_weights(parts, smollm2:
     with torch.inference_mode():
         for prompt_ids, got in zip(greedy_prompts, vllm_greedy, strict=True):
             x = torch.tensor([prompt_ids])
-            hf = new.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False,
-                              eos_token_id=EOS, pad_token_id=EOS)[0, len(prompt_ids):].tolist()
+            hf = new.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=24,
+                do_sample=False,
+                eos_token_id=EOS,
+                pad_token_id=EOS,
+            )[0, len(prompt_ids) :].tolist()
             assert got == hf[: len(got)] and len(got) == len(hf)  # token for token, EOS included
     # The behaviour log-probs now come from the new weights, not the base's.
     sampled = engine.generate(ids[:2], engine.sampling_params(4, T, 32))

@@ -28,8 +28,9 @@ def test_the_judge_learns_the_property_and_is_cached(judge_dir: Path) -> None:
         ensure_classifier("7a")
 
 
-def test_rewards_are_the_judges_probabilities_and_successes_are_recorded(judge_dir: Path, tmp_path: Path,
-                                                                          monkeypatch) -> None:
+def test_rewards_are_the_judges_probabilities_and_successes_are_recorded(
+    judge_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("TBA_SEARCHER_ID", "searcher-3")
     task = make_task("redteam", {"judge_dir": str(judge_dir), "successes_dir": str(tmp_path / "found")})
     prompt = next(task.train_prompts(0))

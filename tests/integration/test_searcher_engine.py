@@ -40,9 +40,21 @@ PROMPTS = ["12+34=", "5+7=", "99+1=", "40+40=", "3+58=", "61+22="]
 
 def settings_for(model: Path, tmp: Path, redis_url: str = "redis://127.0.0.1:1/0", **kw) -> SearcherSettings:
     base = dict(
-        model=model, redis_url=redis_url, namespace="t", checkpoint_dir=tmp / "ckpt", spill_dir=tmp / "spill",
-        searcher_id="s-test", completions_per_prompt=4, prompts_per_batch=6, max_new_tokens=12, temperature=T,
-        max_model_len=64, kv_cache_gib=1, reload_poll_seconds=0.2, flush_timeout_seconds=5.0, max_batches=1,
+        model=model,
+        redis_url=redis_url,
+        namespace="t",
+        checkpoint_dir=tmp / "ckpt",
+        spill_dir=tmp / "spill",
+        searcher_id="s-test",
+        completions_per_prompt=4,
+        prompts_per_batch=6,
+        max_new_tokens=12,
+        temperature=T,
+        max_model_len=64,
+        kv_cache_gib=1,
+        reload_poll_seconds=0.2,
+        flush_timeout_seconds=5.0,
+        max_batches=1,
     )
     return SearcherSettings(**(base | kw))
 
@@ -81,9 +93,15 @@ def hf_greedy(model, tokenizer, texts: list[str], max_new: int = 12) -> list[lis
     with torch.inference_mode():
         for text in texts:
             ids = torch.tensor([encode_prompt(tokenizer, text)])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-            out.append(gen[0, ids.shape[1]:].tolist())
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            out.append(gen[0, ids.shape[1] :].tolist())
     return out
 
 
@@ -264,18 +282,30 @@ def test_hot_reload_serves_new_weights_and_stamps_the_version(parts, redis_serve
     assert {g.policy_version for g in published} == {1}
     # Now policy != reference: the published reference log-probs are the trainer's computation on the base.
     with torch.no_grad():
-        ref = sequence_logprobs(hf_model(tiny_model), [g.prompt_ids for g in published for _ in g.samples],
-                                [s.completion_ids for g in published for s in g.samples], T, scorer.pad_id)
-    torch.testing.assert_close(torch.tensor([s.ref_logprob_sum for g in published for s in g.samples]), ref,
-                               atol=1e-4, rtol=1e-5)
+        ref = sequence_logprobs(
+            hf_model(tiny_model),
+            [g.prompt_ids for g in published for _ in g.samples],
+            [s.completion_ids for g in published for s in g.samples],
+            T,
+            scorer.pad_id,
+        )
+    torch.testing.assert_close(
+        torch.tensor([s.ref_logprob_sum for g in published for s in g.samples]), ref, atol=1e-4, rtol=1e-5
+    )
     assert vllm_greedy(engine, scorer.tokenizer, PROMPTS) == expected  # token for token, EOS included
     # The behaviour log-probs now come from the new weights: they match the trainer's computation on them.
     groups = scorer.score(generate_batch(engine, scorer))
     with torch.no_grad():
-        on_new = sequence_logprobs(new_model, [g.prompt_ids for g in groups for _ in g.samples],
-                                   [s.completion_ids for g in groups for s in g.samples], T, scorer.pad_id)
-    torch.testing.assert_close(torch.tensor([s.logprob_sum for g in groups for s in g.samples]), on_new,
-                               atol=2e-3, rtol=1e-4)
+        on_new = sequence_logprobs(
+            new_model,
+            [g.prompt_ids for g in groups for _ in g.samples],
+            [s.completion_ids for g in groups for s in g.samples],
+            T,
+            scorer.pad_id,
+        )
+    torch.testing.assert_close(
+        torch.tensor([s.logprob_sum for g in groups for s in g.samples]), on_new, atol=2e-3, rtol=1e-4
+    )
 
 
 def test_refuses_a_corrupt_checkpoint_then_skips_to_the_newest(parts, redis_server, tmp_path, tiny_model) -> None:
@@ -317,7 +347,8 @@ def test_refuses_a_corrupt_checkpoint_then_skips_to_the_newest(parts, redis_serv
         searcher.close()
     assert engine.version == start + 3 and status["reloads"] == 1
     assert hf_greedy(hf_model(store.step_dir(start + 3)), scorer.tokenizer, PROMPTS) == vllm_greedy(
-        engine, scorer.tokenizer, PROMPTS)
+        engine, scorer.tokenizer, PROMPTS
+    )
 
 
 def test_a_checkpoint_pruned_after_its_check_is_rejected_not_fatal(parts, redis_server, tmp_path, tiny_model) -> None:
@@ -358,8 +389,9 @@ def test_reference_after_a_reload_is_the_trainers_computation_on_the_base(parts,
     ref = [s.ref_logprob_sum for g in groups for s in g.samples] + scorer.ref_logprobs(eos_prompts, eos_completions)
     # The trainer's side: a fresh load of the reference (= base) model, the shared log-prob function.
     with torch.no_grad():
-        expected = sequence_logprobs(hf_model(tiny_model), prompts + eos_prompts, completions + eos_completions, T,
-                                     scorer.pad_id)
+        expected = sequence_logprobs(
+            hf_model(tiny_model), prompts + eos_prompts, completions + eos_completions, T, scorer.pad_id
+        )
     torch.testing.assert_close(torch.tensor(ref), expected, atol=1e-4, rtol=1e-5)
     behaviour = torch.tensor([s.logprob_sum for g in groups for s in g.samples])
     assert (behaviour - expected[: len(behaviour)]).abs().max() > 0.1  # not the new policy's numbers
@@ -367,7 +399,7 @@ def test_reference_after_a_reload_is_the_trainers_computation_on_the_base(parts,
     scored = scorer.ref_pairs_scored
     again = scorer.ref_logprobs(eos_prompts + eos_prompts[:2], eos_completions + eos_completions[:2])
     assert scorer.ref_pairs_scored - scored == len(eos_prompts)
-    assert again[-2:] == again[:2] and again[:2] == pytest.approx(ref[-len(eos_prompts):][:2], abs=1e-4)
+    assert again[-2:] == again[:2] and again[:2] == pytest.approx(ref[-len(eos_prompts) :][:2], abs=1e-4)
 
 
 def test_a_paced_searcher_waits_for_a_newer_policy(parts, redis_server, tmp_path, tiny_model) -> None:
@@ -377,8 +409,9 @@ def test_a_paced_searcher_waits_for_a_newer_policy(parts, redis_server, tmp_path
 
     engine, scorer = parts
     start = engine.version
-    settings = settings_for(tiny_model, tmp_path, redis_server.url, max_batches=3, max_batches_per_version=1,
-                            pace_max_wait_seconds=120)
+    settings = settings_for(
+        tiny_model, tmp_path, redis_server.url, max_batches=3, max_batches_per_version=1, pace_max_wait_seconds=120
+    )
     store = CheckpointStore(settings.checkpoint_dir)
     searcher = Searcher(settings, engine, scorer)
 

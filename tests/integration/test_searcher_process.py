@@ -48,25 +48,42 @@ def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> No
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
-        **os.environ, "TBA_MODEL": str(tiny_model), "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": "proc",
-        "TBA_CHECKPOINT_DIR": str(store.root), "TBA_SPILL_DIR": str(tmp_path / "spill"),
-        "TBA_METRICS_PORT": str(port), "TBA_SEARCHER_ID": "proc-0", "TBA_PROMPTS_PER_BATCH": "4",
-        "TBA_COMPLETIONS_PER_PROMPT": "4", "TBA_MAX_NEW_TOKENS": "8", "TBA_MAX_MODEL_LEN": "64",
+        **os.environ,
+        "TBA_MODEL": str(tiny_model),
+        "TBA_REDIS_URL": redis_server.url,
+        "TBA_NAMESPACE": "proc",
+        "TBA_CHECKPOINT_DIR": str(store.root),
+        "TBA_SPILL_DIR": str(tmp_path / "spill"),
+        "TBA_METRICS_PORT": str(port),
+        "TBA_SEARCHER_ID": "proc-0",
+        "TBA_PROMPTS_PER_BATCH": "4",
+        "TBA_COMPLETIONS_PER_PROMPT": "4",
+        "TBA_MAX_NEW_TOKENS": "8",
+        "TBA_MAX_MODEL_LEN": "64",
         "TBA_RELOAD_POLL_SECONDS": "1",
     }
     log = tmp_path / "searcher.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "searcher"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tba.cli", "searcher"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         first = wait_while_running("/healthz", lambda: get(f"{base}/healthz"), 60, proc, log)
         assert first.status_code == 200
         early = get(f"{base}/readyz")
         assert early.status_code == 503 and "loading" in early.text  # alive, not ready while the engine loads
         wait_while_running("/readyz", lambda: (r := get(f"{base}/readyz")) and r.status_code == 200, 300, proc, log)
-        status = wait_while_running("8 groups published",
-                                    lambda: (s := get(f"{base}/status").json())["groups_published"] >= 8 and s,
-                                    120, proc, log)
+        status = wait_while_running(
+            "8 groups published",
+            lambda: (s := get(f"{base}/status").json())["groups_published"] >= 8 and s,
+            120,
+            proc,
+            log,
+        )
         assert status["searcher_id"] == "proc-0" and status["version"] == 5  # late joiner caught up at start
         assert status["reloads"] == 1 and status["state"] == "running" and status["redis_up"] == 1
         for field in ("samples_per_s", "tokens_per_s", "reload_ms_last", "spilled", "samples_published"):
@@ -75,12 +92,17 @@ def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> No
         assert "tba_searcher_version 5.0" in metrics and "tba_searcher_reload_seconds_bucket" in metrics
 
         publish_checkpoint(store, client, 6)  # announced while it runs: reloaded in place
-        status = wait_while_running("the reload to v6",
-                                    lambda: (s := get(f"{base}/status").json())["version"] == 6 and s, 60, proc, log)
+        status = wait_while_running(
+            "the reload to v6", lambda: (s := get(f"{base}/status").json())["version"] == 6 and s, 60, proc, log
+        )
         assert status["reloads"] == 2 and status["reload_ms_last"] > 0
-        wait_while_running("groups of v6",
-                           lambda: get(f"{base}/status").json()["groups_published"] > status["groups_published"] + 4,
-                           60, proc, log)
+        wait_while_running(
+            "groups of v6",
+            lambda: get(f"{base}/status").json()["groups_published"] > status["groups_published"] + 4,
+            60,
+            proc,
+            log,
+        )
 
         children = descendants(proc.pid)
         assert children, "vLLM's engine core runs in child processes"

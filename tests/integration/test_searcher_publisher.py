@@ -17,10 +17,25 @@ KEYS = Keys("t")
 
 def group(i: int, samples: int = 2) -> ScoredGroup:
     return ScoredGroup(
-        prompt_id=f"p{i}", prompt_text=f"{i}+1=", prompt_ids=[1, 5, 6], task="arithmetic", policy_version=i % 3,
-        searcher_id="s0", temperature=0.7, reference="r0",
-        samples=[ScoredSample(completion_ids=[7, 2], completion_text="5", reward=float(j % 2), logprob_sum=-1.5,
-                              ref_logprob_sum=-2.0, finish_reason="stop") for j in range(samples)],
+        prompt_id=f"p{i}",
+        prompt_text=f"{i}+1=",
+        prompt_ids=[1, 5, 6],
+        task="arithmetic",
+        policy_version=i % 3,
+        searcher_id="s0",
+        temperature=0.7,
+        reference="r0",
+        samples=[
+            ScoredSample(
+                completion_ids=[7, 2],
+                completion_text="5",
+                reward=float(j % 2),
+                logprob_sum=-1.5,
+                ref_logprob_sum=-2.0,
+                finish_reason="stop",
+            )
+            for j in range(samples)
+        ],
     )
 
 
@@ -39,8 +54,13 @@ class Clock:
 
 def publisher(redis_server, spill_dir: Path, clock=None) -> Publisher:
     kwargs = {"clock": clock} if clock else {}
-    return Publisher(sync_client(redis_server.url, timeout=0.5, retry=False), KEYS, SpillQueue(spill_dir, 1 << 20),
-                     max_payload_bytes=1 << 20, **kwargs)
+    return Publisher(
+        sync_client(redis_server.url, timeout=0.5, retry=False),
+        KEYS,
+        SpillQueue(spill_dir, 1 << 20),
+        max_payload_bytes=1 << 20,
+        **kwargs,
+    )
 
 
 def test_round_trip(redis_server, tmp_path: Path) -> None:

@@ -29,9 +29,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 def test_shutdown_during_a_reload_exits_cleanly(redis_server, tmp_path: Path, tiny_model: Path) -> None:
     settings = SearcherSettings(
-        model=tiny_model, redis_url=redis_server.url, namespace="t", checkpoint_dir=tmp_path / "ckpt",
-        spill_dir=tmp_path / "spill", searcher_id="s-stop", completions_per_prompt=4, prompts_per_batch=3,
-        max_new_tokens=8, max_model_len=64, kv_cache_gib=1, reload_poll_seconds=0.2, flush_timeout_seconds=5.0,
+        model=tiny_model,
+        redis_url=redis_server.url,
+        namespace="t",
+        checkpoint_dir=tmp_path / "ckpt",
+        spill_dir=tmp_path / "spill",
+        searcher_id="s-stop",
+        completions_per_prompt=4,
+        prompts_per_batch=3,
+        max_new_tokens=8,
+        max_model_len=64,
+        kv_cache_gib=1,
+        reload_poll_seconds=0.2,
+        flush_timeout_seconds=5.0,
     )
     engine = Engine(settings, tiny_model, version=0, seed=0)
     scorer = Scorer(settings, make_task("arithmetic"), settings.searcher_id)
@@ -75,8 +85,10 @@ def test_shutdown_during_a_reload_exits_cleanly(redis_server, tmp_path: Path, ti
             searcher.close()
         assert time.monotonic() - t0 < 30
         assert engine.version == 0 and status["reloads"] == 0 and status["state"] == "stopped"
-        published = [decode(f[STREAM_FIELD.encode()], ScoredGroup).group_id
-                     for _id, f in redis_server.client().xrange(Keys("t").trajectories)]
+        published = [
+            decode(f[STREAM_FIELD.encode()], ScoredGroup).group_id
+            for _id, f in redis_server.client().xrange(Keys("t").trajectories)
+        ]
         assert published == spilled  # the spill queue was flushed
         assert status["spilled"] == 0 and not list((tmp_path / "spill").glob("*.msgpack"))
     finally:

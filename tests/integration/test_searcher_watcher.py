@@ -38,8 +38,9 @@ def store(tmp_path: Path) -> CheckpointStore:
 
 
 def watcher(redis_server, store: CheckpointStore, poll: float = 60.0, version: int = 0) -> CheckpointWatcher:
-    return CheckpointWatcher(lambda: sync_client(redis_server.url, timeout=0.5, retry=False), KEYS, store, poll,
-                             current_version=version)
+    return CheckpointWatcher(
+        lambda: sync_client(redis_server.url, timeout=0.5, retry=False), KEYS, store, poll, current_version=version
+    )
 
 
 def test_announcement_wakes_the_watcher(redis_server, store) -> None:

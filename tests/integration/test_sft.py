@@ -55,9 +55,14 @@ def test_cache_key_covers_what_determines_the_model() -> None:
     base = dict(task="arithmetic", options={"digits": 2}, spec=TinyModelSpec(), seed=0, config=SFTConfig())
     key = cache_key(**base)
     assert key == cache_key(**base)
-    for change in [{"task": "countdown"}, {"options": {"digits": 3}}, {"seed": 1},
-                   {"spec": replace(TinyModelSpec(), num_layers=2)}, {"config": replace(SFTConfig(), lr=2e-3)},
-                   {"config": replace(SFTConfig(), target_accuracy=0.4)}]:
+    for change in [
+        {"task": "countdown"},
+        {"options": {"digits": 3}},
+        {"seed": 1},
+        {"spec": replace(TinyModelSpec(), num_layers=2)},
+        {"config": replace(SFTConfig(), lr=2e-3)},
+        {"config": replace(SFTConfig(), target_accuracy=0.4)},
+    ]:
         assert cache_key(**{**base, **change}) != key, change
 
 
@@ -93,11 +98,28 @@ def test_concurrent_callers_share_one_atomic_build(tmp_path: Path) -> None:
     assert model.config.hidden_size == 64
 
 
-def test_cli_sft_from_a_base_into_a_new_directory(tiny_model: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture) -> None:
+def test_cli_sft_from_a_base_into_a_new_directory(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "sft"
-    argv = ["model", "sft", "--base", str(tiny_model), "--out", str(out), "--max-steps", "2", "--eval-every", "1",
-            "--eval-prompts", "8", "--batch-size", "8", "--threads", "1"]
+    argv = [
+        "model",
+        "sft",
+        "--base",
+        str(tiny_model),
+        "--out",
+        str(out),
+        "--max-steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--eval-prompts",
+        "8",
+        "--batch-size",
+        "8",
+        "--threads",
+        "1",
+    ]
     assert tba_main(argv) == 0
     printed = capsys.readouterr().out
     assert "sft: final held-out greedy accuracy" in printed and str(out) in printed
@@ -125,8 +147,27 @@ def test_thread_count_is_set_for_the_block_and_restored() -> None:
 
 def test_cli_sft_from_a_fresh_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "fresh"
-    assert tba_main(["model", "sft", "--out", str(out), "--max-steps", "1", "--eval-prompts", "4",
-                     "--batch-size", "4", "--threads", "1", "--task", "countdown"]) == 0
+    assert (
+        tba_main(
+            [
+                "model",
+                "sft",
+                "--out",
+                str(out),
+                "--max-steps",
+                "1",
+                "--eval-prompts",
+                "4",
+                "--batch-size",
+                "4",
+                "--threads",
+                "1",
+                "--task",
+                "countdown",
+            ]
+        )
+        == 0
+    )
     assert read_result(out)["task"] == "countdown" and read_result(out)["result"]["steps"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh"]  # the init directory is gone
     assert "model: " + str(out) in capsys.readouterr().out

@@ -47,8 +47,9 @@ def batches(n: int, seed: int = 0) -> list[list[Row]]:
             prompt = (1, *(rng.randrange(4, 40) for _ in range(5)))
             for _ in range(4):
                 completion = tuple(rng.randrange(4, 40) for _ in range(rng.randint(2, 6))) + (2,)
-                rows.append(Row(("t", f"{b}-{p}"), prompt, completion, float(rng.random() > 0.5),
-                                -rng.uniform(10, 20), 0, 0))
+                rows.append(
+                    Row(("t", f"{b}-{p}"), prompt, completion, float(rng.random() > 0.5), -rng.uniform(10, 20), 0, 0)
+                )
         out.append(rows)
     return out
 
@@ -58,8 +59,9 @@ def make_learner(model_dir: Path) -> Learner:
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     optimizer, scheduler = build_optimizer(model, 3e-3, 0.01, LRSchedule("linear", warmup_steps=1, max_steps=10))
-    return Learner(model, optimizer, scheduler, make_loss("tb"), temperature=T, pad_id=0, token_budget=64,
-                   grad_clip=1.0)
+    return Learner(
+        model, optimizer, scheduler, make_loss("tb"), temperature=T, pad_id=0, token_budget=64, grad_clip=1.0
+    )
 
 
 def publish(store: CheckpointStore, learner: Learner, tokenizer, step: int):
@@ -97,7 +99,8 @@ def test_published_checkpoint_loads_with_transformers_and_matches_the_trainer(tr
     assert store.read_manifest() == manifest and manifest.path == "step-000002" and manifest.version == 2
     directory = store.verify(manifest)
     assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"} <= {
-        p.name for p in directory.iterdir()}
+        p.name for p in directory.iterdir()
+    }
     assert not list(store.root.glob(f"{TMP_PREFIX}*"))
 
     loaded = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
@@ -201,21 +204,32 @@ def test_vllm_loads_the_published_checkpoint_with_the_trainers_outputs(trained, 
     learner, store, manifest, tokenizer = trained
     directory = store.verify(manifest)
     prompts = [encode_prompt(tokenizer, t) for t in ("12+34=", "7+5=", "99+1=")]
-    llm = LLM(model=str(directory), dtype="float32", max_model_len=128, enforce_eager=True,
-              logprobs_mode="processed_logprobs", seed=0)
+    llm = LLM(
+        model=str(directory),
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        logprobs_mode="processed_logprobs",
+        seed=0,
+    )
     try:
-        greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                              SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-        sampled = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                               SamplingParams(temperature=T, max_tokens=8, logprobs=0, ignore_eos=True, seed=1),
-                               use_tqdm=False)
+        greedy = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+            use_tqdm=False,
+        )
+        sampled = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            SamplingParams(temperature=T, max_tokens=8, logprobs=0, ignore_eos=True, seed=1),
+            use_tqdm=False,
+        )
     finally:
         del llm
     learner.model.eval()
     with torch.no_grad():
         for p, out in zip(prompts, greedy, strict=True):
             hf = learner.model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=8, min_new_tokens=8)
-            assert list(out.outputs[0].token_ids) == hf[0, len(p):].tolist()
+            assert list(out.outputs[0].token_ids) == hf[0, len(p) :].tolist()
         completions = [list(o.outputs[0].token_ids) for o in sampled]
         log_pi = sequence_logprobs(learner.model, prompts, completions, T, tokenizer.pad_token_id)
     vllm_sums = torch.tensor([o.outputs[0].cumulative_logprob for o in sampled])

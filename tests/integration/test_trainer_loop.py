@@ -66,17 +66,42 @@ def group_pool(tiny_model) -> list[ScoredGroup]:
         seen.add(prompt.prompt_id)
         ids = encode_prompt(tok, prompt.text)
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), do_sample=True, temperature=T, top_k=0, max_new_tokens=4,
-                                 num_return_sequences=6, pad_token_id=tok.pad_token_id)
-            completions = [c[: c.index(tok.eos_token_id) + 1] if tok.eos_token_id in c else c
-                           for c in out[:, len(ids):].tolist()]
+            out = model.generate(
+                torch.tensor([ids]),
+                do_sample=True,
+                temperature=T,
+                top_k=0,
+                max_new_tokens=4,
+                num_return_sequences=6,
+                pad_token_id=tok.pad_token_id,
+            )
+            completions = [
+                c[: c.index(tok.eos_token_id) + 1] if tok.eos_token_id in c else c for c in out[:, len(ids) :].tolist()
+            ]
             ref = sequence_logprobs(model, [ids] * 6, completions, T, tok.pad_token_id).tolist()
-        samples = [ScoredSample(completion_ids=c, completion_text=tok.decode(c, skip_special_tokens=True),
-                                reward=task.reward(prompt, tok.decode(c, skip_special_tokens=True)),
-                                logprob_sum=lp, ref_logprob_sum=lp) for c, lp in zip(completions, ref, strict=True)]
-        groups.append(ScoredGroup(prompt_id=prompt.prompt_id, prompt_text=prompt.text, prompt_ids=ids,
-                                  task="arithmetic", policy_version=0, searcher_id="test", samples=samples,
-                                  temperature=T, reference=model_identity(tiny_model)))
+        samples = [
+            ScoredSample(
+                completion_ids=c,
+                completion_text=tok.decode(c, skip_special_tokens=True),
+                reward=task.reward(prompt, tok.decode(c, skip_special_tokens=True)),
+                logprob_sum=lp,
+                ref_logprob_sum=lp,
+            )
+            for c, lp in zip(completions, ref, strict=True)
+        ]
+        groups.append(
+            ScoredGroup(
+                prompt_id=prompt.prompt_id,
+                prompt_text=prompt.text,
+                prompt_ids=ids,
+                task="arithmetic",
+                policy_version=0,
+                searcher_id="test",
+                samples=samples,
+                temperature=T,
+                reference=model_identity(tiny_model),
+            )
+        )
         if len(groups) == 12:
             return groups
     raise AssertionError("unreachable")
@@ -105,10 +130,19 @@ class BufferProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> BufferProcess:
-        env = {**os.environ, "TBA_REDIS_URL": self.redis_url, "TBA_NAMESPACE": NS, "TBA_LOG_LEVEL": "WARNING",
-               **self.env}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer", "--port", str(self.port)],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=self.log_path.open("a"))
+        env = {
+            **os.environ,
+            "TBA_REDIS_URL": self.redis_url,
+            "TBA_NAMESPACE": NS,
+            "TBA_LOG_LEVEL": "WARNING",
+            **self.env,
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tba.cli", "buffer", "--port", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("a"),
+        )
         wait_for(lambda: _http_ok(f"{self.url}/readyz"), 60, f"buffer to start (log {self.log_path})")
         return self
 
@@ -147,10 +181,21 @@ def buffer(redis_server, tmp_path):
 
 def settings_for(redis_server, buffer: BufferProcess, tiny_model: Path, tmp_path: Path, **kw) -> TrainerSettings:
     base = dict(
-        redis_url=redis_server.url, namespace=NS, buffer_url=buffer.url, model=tiny_model,
-        checkpoint_dir=tmp_path / "ckpt", metrics_port=0, prompts_per_step=2, train_samples_per_prompt=4,
-        warmup_samples=24, checkpoint_every=2, checkpoint_grace_seconds=0.0, poll_seconds=0.05, lr=1e-3,
-        metrics_file=tmp_path / "metrics.jsonl", torch_threads=1,
+        redis_url=redis_server.url,
+        namespace=NS,
+        buffer_url=buffer.url,
+        model=tiny_model,
+        checkpoint_dir=tmp_path / "ckpt",
+        metrics_port=0,
+        prompts_per_step=2,
+        train_samples_per_prompt=4,
+        warmup_samples=24,
+        checkpoint_every=2,
+        checkpoint_grace_seconds=0.0,
+        poll_seconds=0.05,
+        lr=1e-3,
+        metrics_file=tmp_path / "metrics.jsonl",
+        torch_threads=1,
     )
     return TrainerSettings(**(base | kw))
 
@@ -163,15 +208,17 @@ def run_in_thread(trainer: Trainer) -> tuple[threading.Thread, list[int]]:
 
 
 def test_async_run_waits_survives_buffer_outages_and_stops_at_max_steps(
-        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    redis_server, buffer, tiny_model, tmp_path, group_pool
+):
     """Buffer down at start, then empty, then filled, then killed and restarted mid-run: 0 at max_steps."""
     s = settings_for(redis_server, buffer, tiny_model, tmp_path, max_steps=5)
     trainer = Trainer(s)
     thread, codes = run_in_thread(trainer)
     health = wait_for(lambda: trainer.health, 60, "the health server")
     base = f"http://127.0.0.1:{health.port}"
-    wait_for(lambda: trainer._client is not None and trainer._client.failures >= 2, 60,
-             "retries while the buffer is down")
+    wait_for(
+        lambda: trainer._client is not None and trainer._client.failures >= 2, 60, "retries while the buffer is down"
+    )
     assert httpx.get(f"{base}/status").json()["state"] == "warmup"
     ready = httpx.get(f"{base}/readyz")
     assert ready.status_code == 503 and "not reachable" in ready.text
@@ -184,8 +231,20 @@ def test_async_run_waits_survives_buffer_outages_and_stops_at_max_steps(
     sent = publish_groups(r, group_pool, version=0)
     wait_for(lambda: trainer.step >= 2, 120, "two steps")
     status = httpx.get(f"{base}/status").json()
-    for field in ("step", "version", "loss", "reward_mean", "log_Z_mean", "kl", "beta", "samples_per_s",
-                  "tokens_per_s", "wait_s", "staleness", "state"):
+    for field in (
+        "step",
+        "version",
+        "loss",
+        "reward_mean",
+        "log_Z_mean",
+        "kl",
+        "beta",
+        "samples_per_s",
+        "tokens_per_s",
+        "wait_s",
+        "staleness",
+        "state",
+    ):
         assert field in status and status[field] is not None, field
     assert status["state"] in ("training", "waiting")
     assert "tba_trainer_step" in httpx.get(f"{base}/metrics").text
@@ -230,12 +289,22 @@ def test_sync_mode_trains_only_on_the_current_version(redis_server, buffer, tiny
             if msg and msg["type"] == "message":
                 v = parse_manifest(msg["data"]).version
                 published.append(v)
-                publish_groups(r, group_pool[v % 2 * 6: v % 2 * 6 + 6], version=v)
+                publish_groups(r, group_pool[v % 2 * 6 : v % 2 * 6 + 6], version=v)
 
     t = threading.Thread(target=searcher, daemon=True)
     t.start()
-    s = settings_for(redis_server, buffer, tiny_model, tmp_path, mode="sync", loss="grpo", max_steps=3,
-                     recency_prob=0.0, checkpoint_every=5, warmup_samples=8)
+    s = settings_for(
+        redis_server,
+        buffer,
+        tiny_model,
+        tmp_path,
+        mode="sync",
+        loss="grpo",
+        max_steps=3,
+        recency_prob=0.0,
+        checkpoint_every=5,
+        warmup_samples=8,
+    )
     try:
         assert Trainer(s).run() == 0
     finally:
@@ -261,13 +330,23 @@ def test_a_bad_token_stops_the_run_with_a_clear_error(redis_server, buffer, tiny
 
 
 def test_a_time_budget_decays_the_lr_to_zero_and_holds_across_a_restart(
-        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    redis_server, buffer, tiny_model, tmp_path, group_pool
+):
     """max_seconds with wsd: steps at the peak LR, then a decay that ends with the budget; a trainer restarted
     on the same checkpoints has no time left and takes no further step."""
     buffer.start()
     publish_groups(redis_server.client(), group_pool, version=0)
-    s = settings_for(redis_server, buffer, tiny_model, tmp_path, max_seconds=8.0, lr_schedule="wsd",
-                     lr_decay_fraction=0.5, checkpoint_every=1000, recency_prob=0.0)
+    s = settings_for(
+        redis_server,
+        buffer,
+        tiny_model,
+        tmp_path,
+        max_seconds=8.0,
+        lr_schedule="wsd",
+        lr_decay_fraction=0.5,
+        checkpoint_every=1000,
+        recency_prob=0.0,
+    )
     started = time.monotonic()
     trainer = Trainer(s)
     assert trainer.run() == 0
@@ -319,13 +398,15 @@ def latest_version(store: CheckpointStore) -> int:
 
 
 def start_trainer(env: dict, log_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tba.cli", "trainer"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=log_path.open("a"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tba.cli", "trainer"], env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a")
+    )
 
 
 @pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora"])
-def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buffer, tiny_model, tmp_path, group_pool,
-                                                              lora_rank):
+def test_kill_9_then_sigterm_resumes_without_reusing_versions(
+    redis_server, buffer, tiny_model, tmp_path, group_pool, lora_rank
+):
     """`tba trainer` killed with -9 (aimed at a checkpoint write), restarted with the same settings, then SIGTERM.
 
     The same for a LoRA run, whose checkpoints hold the adapters and their optimizer state only."""
@@ -333,12 +414,26 @@ def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buff
     publish_groups(redis_server.client(), group_pool, version=0)
     ckpt, metrics_file = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     store = CheckpointStore(ckpt)
-    env = {**os.environ, "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": NS, "TBA_BUFFER_URL": buffer.url,
-           "TBA_MODEL": str(tiny_model), "TBA_CHECKPOINT_DIR": str(ckpt), "TBA_MAX_STEPS": "1000",
-           "TBA_CHECKPOINT_EVERY": "2", "TBA_KEEP_CHECKPOINTS": "3", "TBA_CHECKPOINT_GRACE_SECONDS": "0",
-           "TBA_PROMPTS_PER_STEP": "2", "TBA_TRAIN_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24",
-           "TBA_TORCH_THREADS": "1", "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3",
-           "TBA_METRICS_FILE": str(metrics_file), "TBA_LORA_RANK": str(lora_rank)}
+    env = {
+        **os.environ,
+        "TBA_REDIS_URL": redis_server.url,
+        "TBA_NAMESPACE": NS,
+        "TBA_BUFFER_URL": buffer.url,
+        "TBA_MODEL": str(tiny_model),
+        "TBA_CHECKPOINT_DIR": str(ckpt),
+        "TBA_MAX_STEPS": "1000",
+        "TBA_CHECKPOINT_EVERY": "2",
+        "TBA_KEEP_CHECKPOINTS": "3",
+        "TBA_CHECKPOINT_GRACE_SECONDS": "0",
+        "TBA_PROMPTS_PER_STEP": "2",
+        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4",
+        "TBA_WARMUP_SAMPLES": "24",
+        "TBA_TORCH_THREADS": "1",
+        "TBA_POLL_SECONDS": "0.05",
+        "TBA_LR": "1e-3",
+        "TBA_METRICS_FILE": str(metrics_file),
+        "TBA_LORA_RANK": str(lora_rank),
+    }
     announcements = Announcements(redis_server.client())
     log_path = tmp_path / "trainer.log"
 
@@ -377,7 +472,7 @@ def test_kill_9_then_sigterm_resumes_without_reusing_versions(redis_server, buff
     stopped_at = store.read_manifest()
     assert load_state(store.verify(stopped_at)).step == stopped_at.version, "SIGTERM saved the step it reached"
     steps = [json.loads(x)["step"] for x in metrics_file.read_text().splitlines()]
-    assert steps[-1] == stopped_at.version and newest + 1 in steps[steps.index(steps_done):]
+    assert steps[-1] == stopped_at.version and newest + 1 in steps[steps.index(steps_done) :]
     assert not any(p.name.startswith(TMP_PREFIX) for p in ckpt.iterdir()), "crash leftovers pruned"
     hashes = announcements.close()
     assert all(len(h) == 1 for h in hashes.values()), f"a version number was reused: {hashes}"
@@ -407,30 +502,44 @@ def _rank_pids(launcher_pid: int) -> dict[int, int]:
 
 
 def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_dies(
-        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    redis_server, buffer, tiny_model, tmp_path, group_pool
+):
     """`tba trainer` as 2 FSDP2 ranks under torchrun (gloo): rank 0 fetches, both train, rank 0 publishes whole
     checkpoints. kill -9 of rank 1 takes the whole job down (torchrun exits non-zero, no rank left), the
     restart (what `tba up`'s supervisor or a container's restart policy does) resumes from the newest
     checkpoint, and SIGTERM publishes the step reached."""
     from transformers import AutoModelForCausalLM
 
-
     buffer.start()
     publish_groups(redis_server.client(), group_pool, version=0)
     ckpt = tmp_path / "ckpt"
     store = CheckpointStore(ckpt)
-    env = {**os.environ, "TBA_REDIS_URL": redis_server.url, "TBA_NAMESPACE": NS, "TBA_BUFFER_URL": buffer.url,
-           "TBA_MODEL": str(tiny_model), "TBA_CHECKPOINT_DIR": str(ckpt), "TBA_MAX_STEPS": "1000",
-           "TBA_CHECKPOINT_EVERY": "2", "TBA_CHECKPOINT_GRACE_SECONDS": "0", "TBA_PROMPTS_PER_STEP": "3",
-           "TBA_TRAIN_SAMPLES_PER_PROMPT": "4", "TBA_WARMUP_SAMPLES": "24", "TBA_TORCH_THREADS": "1",
-           "TBA_POLL_SECONDS": "0.05", "TBA_LR": "1e-3", "TBA_METRICS_FILE": str(tmp_path / "metrics.jsonl")}
+    env = {
+        **os.environ,
+        "TBA_REDIS_URL": redis_server.url,
+        "TBA_NAMESPACE": NS,
+        "TBA_BUFFER_URL": buffer.url,
+        "TBA_MODEL": str(tiny_model),
+        "TBA_CHECKPOINT_DIR": str(ckpt),
+        "TBA_MAX_STEPS": "1000",
+        "TBA_CHECKPOINT_EVERY": "2",
+        "TBA_CHECKPOINT_GRACE_SECONDS": "0",
+        "TBA_PROMPTS_PER_STEP": "3",
+        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4",
+        "TBA_WARMUP_SAMPLES": "24",
+        "TBA_TORCH_THREADS": "1",
+        "TBA_POLL_SECONDS": "0.05",
+        "TBA_LR": "1e-3",
+        "TBA_METRICS_FILE": str(tmp_path / "metrics.jsonl"),
+    }
     log_path = tmp_path / "trainer.log"
     env["TBA_TRAINER_PROCS"] = "2"  # `tba trainer` runs itself under torchrun
     cmd = [sys.executable, "-m", "tba.cli", "trainer"]
 
     def launch() -> subprocess.Popen:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a"),
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a"), start_new_session=True
+        )
 
     first = launch()
     try:
@@ -469,15 +578,24 @@ def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_
     assert not any(Path(f"/proc/{pid}").exists() for pid in ranks.values()), "no rank outlives the launcher"
 
 
-def test_a_batch_with_no_valid_group_takes_no_step_and_publishes_nothing(redis_server, buffer, tiny_model, tmp_path,
-                                                                          group_pool):
+def test_a_batch_with_no_valid_group_takes_no_step_and_publishes_nothing(
+    redis_server, buffer, tiny_model, tmp_path, group_pool
+):
     """Every group's ids outside the vocabulary: the trainer drops them, samples again, does not crash (it used to
     publish the same step twice: CheckpointError), then trains once valid groups arrive."""
     buffer.start()
     r = redis_server.client()
-    bad = [g.model_copy(update={"prompt_id": f"bad-{g.prompt_id}", "samples": [
-        s.model_copy(update={"completion_ids": [10_000 + i, 10_001]}) for i, s in enumerate(g.samples)]})
-        for g in group_pool[:6]]
+    bad = [
+        g.model_copy(
+            update={
+                "prompt_id": f"bad-{g.prompt_id}",
+                "samples": [
+                    s.model_copy(update={"completion_ids": [10_000 + i, 10_001]}) for i, s in enumerate(g.samples)
+                ],
+            }
+        )
+        for g in group_pool[:6]
+    ]
     publish_groups(r, bad, version=0)
     s = settings_for(redis_server, buffer, tiny_model, tmp_path, checkpoint_every=1, max_steps=2, warmup_samples=8)
     trainer = Trainer(s)
@@ -495,7 +613,8 @@ def test_a_batch_with_no_valid_group_takes_no_step_and_publishes_nothing(redis_s
 
 
 def test_sync_mode_retries_a_failed_checkpoint_write_instead_of_waiting_forever(
-        redis_server, buffer, tiny_model, tmp_path, group_pool):
+    redis_server, buffer, tiny_model, tmp_path, group_pool
+):
     """Sync mode waits for samples of the version it publishes: with the first write failing (files capped at
     1 MB: EFBIG), the trainer retries it while waiting, and once writes work again the run goes on."""
     import resource
@@ -512,12 +631,13 @@ def test_sync_mode_retries_a_failed_checkpoint_write_instead_of_waiting_forever(
             msg = pubsub.get_message(timeout=0.2)
             if msg and msg["type"] == "message":
                 v = parse_manifest(msg["data"]).version
-                publish_groups(r, group_pool[v % 2 * 6: v % 2 * 6 + 6], version=v)
+                publish_groups(r, group_pool[v % 2 * 6 : v % 2 * 6 + 6], version=v)
 
     helper = threading.Thread(target=searcher, daemon=True)
     helper.start()
-    s = settings_for(redis_server, buffer, tiny_model, tmp_path, mode="sync", max_steps=2, recency_prob=0.0,
-                     warmup_samples=8)
+    s = settings_for(
+        redis_server, buffer, tiny_model, tmp_path, mode="sync", max_steps=2, recency_prob=0.0, warmup_samples=8
+    )
     trainer = Trainer(s)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))  # Python ignores SIGXFSZ: big writes fail

@@ -19,19 +19,27 @@ from tests.unit.buffer_factories import check_consistency
 
 @pytest.fixture
 def buffer(redis_server: RedisServer, tmp_path: Path) -> Iterator[BufferProcess]:
-    proc = BufferProcess(redis_server.url, tmp_path / "buffer.log", token=secrets.token_hex(16), consumer_name="fuzz",
-                         max_payload_bytes=MAX_PAYLOAD_BYTES, ingest_block_ms=50).start()
+    proc = BufferProcess(
+        redis_server.url,
+        tmp_path / "buffer.log",
+        token=secrets.token_hex(16),
+        consumer_name="fuzz",
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
+        ingest_block_ms=50,
+    ).start()
     yield proc
     assert proc.stop(), proc.log_tail()  # a graceful exit: nothing the fuzzing did left it stuck or dead
 
 
 def test_poison_entries_are_dead_lettered_with_their_reason_and_the_ingest_goes_on(
-        buffer: BufferProcess, redis_server: RedisServer) -> None:
+    buffer: BufferProcess, redis_server: RedisServer
+) -> None:
     result = run_poison(buffer, redis_server.url, repeats=2)
     kinds = len(poison_catalogue())
     assert result.problems == []
     assert [(o.name, o.dead_lettered, o.with_reason) for o in result.outcomes] == [
-        (o.name, 2, 2) for o in result.outcomes]
+        (o.name, 2, 2) for o in result.outcomes
+    ]
     assert result.stats["dead_letters"] == 2 * kinds and result.valid_sent == 2 * kinds
     assert result.stats["groups_stored"] == result.valid_sent and result.stats["samples"] == 4 * kinds
     assert result.stats["ingest"]["healthy"] and buffer.ready()
@@ -40,11 +48,13 @@ def test_poison_entries_are_dead_lettered_with_their_reason_and_the_ingest_goes_
 
 @pytest.mark.slow
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(
-        buffer: BufferProcess, redis_server: RedisServer, tmp_path: Path) -> None:
+    buffer: BufferProcess, redis_server: RedisServer, tmp_path: Path
+) -> None:
     seed_buffer(buffer)
     result = run_schemathesis(buffer, tmp_path / "fuzz", max_examples=30, seed=None, timeout=600)
-    failures = "\n".join(f"{f.check} on {f.operation} ({f.count}): {f.answer}\n  {f.reproducer}"
-                         for f in result.failures)
+    failures = "\n".join(
+        f"{f.check} on {f.operation} ({f.count}): {f.answer}\n  {f.reproducer}" for f in result.failures
+    )
     assert result.failures == [], f"seed {result.seed}:\n{failures}"
     assert result.server_errors == 0 and result.errors == []
     assert result.cases >= 300, f"only {result.cases} cases"

@@ -13,9 +13,18 @@ def test_token_redis_password_secrets_and_containers(tmp_path: Path) -> None:
     failed = [f"{c.what}: {c.detail}" for c in result.checks if not c.passed]
     assert failed == []
     names = " | ".join(c.what for c in result.checks)
-    for expected in ("with no Authorization header", "with a prefix of the token", "with the token",
-                     "Redis with no password", "Redis with a wrong password", "with the password: ready",
-                     "no secret in logs", "docker-compose.yml", "Dockerfiles", "Kubernetes"):
+    for expected in (
+        "with no Authorization header",
+        "with a prefix of the token",
+        "with the token",
+        "Redis with no password",
+        "Redis with a wrong password",
+        "with the password: ready",
+        "no secret in logs",
+        "docker-compose.yml",
+        "Dockerfiles",
+        "Kubernetes",
+    ):
         assert expected in names, names
     assert set(result.timing_us) == {"near", "far"}
 

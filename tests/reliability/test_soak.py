@@ -17,7 +17,8 @@ from tests.unit.buffer_factories import check_consistency
 
 @pytest.mark.slow
 def test_five_minutes_of_load_leave_memory_flat_latency_stable_and_no_error(
-        redis_server: RedisServer, tmp_path: Path) -> None:
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
     cfg = config_for(5.0)
     assert cfg.dedup_window_seconds + 60 < cfg.warmup_minutes * 60  # dedup records reach their bound in the warm-up
     result = soak(cfg, redis_server.url, tmp_path)

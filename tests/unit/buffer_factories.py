@@ -13,20 +13,36 @@ TEMPERATURE, REFERENCE = 0.7, "test-reference"  # the objective of every group m
 
 
 def make_sample(tokens: Sequence[int], reward: float = 0.0, logprob: float = -1.0) -> ScoredSample:
-    return ScoredSample(completion_ids=list(tokens), completion_text="x" * len(tokens), reward=reward,
-                        logprob_sum=logprob, ref_logprob_sum=logprob - 0.5)
+    return ScoredSample(
+        completion_ids=list(tokens),
+        completion_text="x" * len(tokens),
+        reward=reward,
+        logprob_sum=logprob,
+        ref_logprob_sum=logprob - 0.5,
+    )
 
 
-def make_group(prompt_id: str = "p0", version: int = 0, rewards: Sequence[float] = (0.0, 1.0),
-               tokens: Sequence[Sequence[int]] | None = None, searcher_id: str = "s0",
-               group_id: str | None = None) -> ScoredGroup:
+def make_group(
+    prompt_id: str = "p0",
+    version: int = 0,
+    rewards: Sequence[float] = (0.0, 1.0),
+    tokens: Sequence[Sequence[int]] | None = None,
+    searcher_id: str = "s0",
+    group_id: str | None = None,
+) -> ScoredGroup:
     """A group whose completions are distinct unless ``tokens`` says otherwise."""
     if tokens is None:
         tokens = [[next(_counter) % 50_000 + 1, i + 1] for i in range(len(rewards))]
     return ScoredGroup(
-        group_id=group_id or uuid.uuid4().hex, prompt_id=prompt_id, prompt_text=f"prompt {prompt_id}",
-        prompt_ids=[1, 2, 3], task="arithmetic", policy_version=version, searcher_id=searcher_id,
-        temperature=TEMPERATURE, reference=REFERENCE,
+        group_id=group_id or uuid.uuid4().hex,
+        prompt_id=prompt_id,
+        prompt_text=f"prompt {prompt_id}",
+        prompt_ids=[1, 2, 3],
+        task="arithmetic",
+        policy_version=version,
+        searcher_id=searcher_id,
+        temperature=TEMPERATURE,
+        reference=REFERENCE,
         samples=[make_sample(t, r) for t, r in zip(tokens, rewards, strict=True)],
     )
 
@@ -73,8 +89,11 @@ def check_consistency(client, ns: str = "tba") -> dict:
     stats = {k.decode(): v.decode() for k, v in client.hgetall(g + "stats").items()}
     assert int(stats.get("samples", 0)) == total
     assert abs(float(stats.get("reward_sum", 0)) - reward_sum) < 1e-6 * max(1.0, total)
-    counters = {k: int(stats.get(k, 0)) for k in
-                ("samples_ingested", "samples_duplicate", "samples_evicted", "samples_dead_lettered")}
-    assert counters["samples_ingested"] == (total + counters["samples_evicted"] + counters["samples_duplicate"]
-                                            + counters["samples_dead_lettered"]), (counters, total)
+    counters = {
+        k: int(stats.get(k, 0))
+        for k in ("samples_ingested", "samples_duplicate", "samples_evicted", "samples_dead_lettered")
+    }
+    assert counters["samples_ingested"] == (
+        total + counters["samples_evicted"] + counters["samples_duplicate"] + counters["samples_dead_lettered"]
+    ), (counters, total)
     return {"prompts": len(newest), "samples": total, "versions": version_counts, **counters}

@@ -28,10 +28,14 @@ def test_softmax_is_a_distribution_even_for_large_inverse_temperatures(rewards, 
     assert p[best] == max(p)
 
 
-@given(n=st.integers(1, 12), k=st.integers(1, 12), branch=st.sampled_from([RECENCY, REWARD]),
-       inv_temp=st.sampled_from([0.0, 2.0]), seed=st.integers(0, 1000))
-def test_choose_samples_draws_k_from_candidates_without_replacement_when_possible(n, k, branch, inv_temp,
-                                                                                   seed) -> None:
+@given(
+    n=st.integers(1, 12),
+    k=st.integers(1, 12),
+    branch=st.sampled_from([RECENCY, REWARD]),
+    inv_temp=st.sampled_from([0.0, 2.0]),
+    seed=st.integers(0, 1000),
+)
+def test_choose_samples_draws_k_from_candidates_without_replacement_when_possible(n, k, branch, inv_temp, seed) -> None:
     candidates = list(range(3, 3 + n))  # indices into a longer list: only candidates may be drawn
     rewards = [float(i % 4) for i in range(3 + n)]
     got = choose_samples(random.Random(seed), candidates, rewards, k, branch, inv_temp)
@@ -81,18 +85,33 @@ def test_rate_tracker_measures_over_its_window() -> None:
 def test_sample_ids_depend_on_tokens_only_and_records_are_served_as_stored() -> None:
     a, b = make_sample([1, 2, 3], reward=1.0), make_sample([1, 2, 3], reward=2.0)
     assert sample_id(a.completion_ids) == sample_id(b.completion_ids) != sample_id([1, 2, 4])
-    view = PromptView("p", [5, 6], "text", "task", [b"id-a", b"id-b"], versions=[2, 3], rewards=[0.5, 1.0],
-                      copies=[1, 1])
+    view = PromptView(
+        "p", [5, 6], "text", "task", [b"id-a", b"id-b"], versions=[2, 3], rewards=[0.5, 1.0], copies=[1, 1]
+    )
     group = SampledGroup.model_validate(served_group(view, "reward", [1], [encode_record(a)], trainer_version=5))
     assert (group.prompt_id, group.prompt_ids, group.prompt_text, group.task, group.branch) == (
-        "p", [5, 6], "text", "task", "reward")
-    assert group.samples == [SampledSample(completion_ids=[1, 2, 3], reward=1.0, logprob_sum=a.logprob_sum,
-                                           ref_logprob_sum=a.ref_logprob_sum, version=3, staleness=2,
-                                           finish_reason="stop")]
+        "p",
+        [5, 6],
+        "text",
+        "task",
+        "reward",
+    )
+    assert group.samples == [
+        SampledSample(
+            completion_ids=[1, 2, 3],
+            reward=1.0,
+            logprob_sum=a.logprob_sum,
+            ref_logprob_sum=a.ref_logprob_sum,
+            version=3,
+            staleness=2,
+            finish_reason="stop",
+        )
+    ]
 
 
 def test_the_served_forms_name_the_schemas_fields_and_a_mismatch_stops_the_buffer(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from services.buffer import records
 
     records._check_against_schema()  # the module loaded, so this holds; a drifted schema must not
@@ -125,7 +144,9 @@ def test_the_buffer_imports_no_ml_library() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, services.buffer.app, services.buffer.cli, services.buffer.ingest; "
-            "print(','.join(m for m in ('torch', 'vllm', 'transformers', 'numpy') if m in sys.modules))")
+    code = (
+        "import sys, services.buffer.app, services.buffer.cli, services.buffer.ingest; "
+        "print(','.join(m for m in ('torch', 'vllm', 'transformers', 'numpy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == ""

@@ -97,8 +97,9 @@ def test_bad_manifest_file(tmp_path: Path) -> None:
     with pytest.raises(PayloadError, match="bad checkpoint manifest"):
         store.read_manifest()
     with pytest.raises(PayloadError, match="schema_version"):
-        parse_manifest(json.dumps({"schema_version": 5, "version": 1, "step": 1, "path": "step-000001",
-                                   "content_hash": "0" * 64}))
+        parse_manifest(
+            json.dumps({"schema_version": 5, "version": 1, "step": 1, "path": "step-000001", "content_hash": "0" * 64})
+        )
 
 
 def test_prune_keeps_newest_and_young_ones(tmp_path: Path) -> None:

@@ -39,9 +39,12 @@ def run_tba(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_every_help_works_without_importing_ml_libraries() -> None:
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(HELP_COMMANDS), json.dumps(HEAVY)],
-                          capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(HELP_COMMANDS), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)
     assert [r["argv"] for r in results] == HELP_COMMANDS
@@ -70,19 +73,22 @@ def test_no_command_is_a_usage_error() -> None:
     assert proc.returncode == 2 and "required: COMMAND" in proc.stderr
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["eval", "{tmp}/nothing-here"], "neither a model directory"),
-    (["eval", "{tmp}", "--task", "chess"], "unknown task 'chess'"),
-    (["eval", "{tmp}", "--task-options", "{oops"], "--task-options is not valid JSON"),
-    (["eval", "{tmp}", "--pass-k", "one"], "--pass-k must be comma-separated integers"),
-    (["eval", "{tmp}", "--n-prompts", "0"], "--n-prompts >= 1"),
-    (["model", "sft", "--task-options", "[1"], "tba model sft:"),
-    (["model", "sft", "--base", "{tmp}"], "--base needs --out"),
-    (["model", "sft", "--task", "chess"], "unknown task 'chess'"),
-    (["model", "sft", "--out", "{tmp}"], "already exists"),
-    (["model", "sft", "--lr", "-1", "--out", "{tmp}/o", "--base", "{tmp}"], "lr > 0"),
-    (["model", "init", "--out", "{tmp}/m", "--hidden-size", "100"], "--hidden-size must be a multiple of 64"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["eval", "{tmp}/nothing-here"], "neither a model directory"),
+        (["eval", "{tmp}", "--task", "chess"], "unknown task 'chess'"),
+        (["eval", "{tmp}", "--task-options", "{oops"], "--task-options is not valid JSON"),
+        (["eval", "{tmp}", "--pass-k", "one"], "--pass-k must be comma-separated integers"),
+        (["eval", "{tmp}", "--n-prompts", "0"], "--n-prompts >= 1"),
+        (["model", "sft", "--task-options", "[1"], "tba model sft:"),
+        (["model", "sft", "--base", "{tmp}"], "--base needs --out"),
+        (["model", "sft", "--task", "chess"], "unknown task 'chess'"),
+        (["model", "sft", "--out", "{tmp}"], "already exists"),
+        (["model", "sft", "--lr", "-1", "--out", "{tmp}/o", "--base", "{tmp}"], "lr > 0"),
+        (["model", "init", "--out", "{tmp}/m", "--hidden-size", "100"], "--hidden-size must be a multiple of 64"),
+    ],
+)
 def test_bad_arguments_are_explained(tmp_path: Path, argv: list[str], message: str) -> None:
     proc = run_tba(*[a.replace("{tmp}", str(tmp_path)) for a in argv])
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -32,30 +32,56 @@ logprobs = st.floats(-MAX_ABS_LOGPROB, MAX_ABS_LOGPROB)
 def scored_samples(draw) -> ScoredSample:
     completion = draw(ids)
     per_token = draw(st.one_of(st.none(), st.lists(logprobs, min_size=len(completion), max_size=len(completion))))
-    return ScoredSample(completion_ids=completion, completion_text=draw(text), reward=draw(rewards),
-                        logprob_sum=draw(logprobs), ref_logprob_sum=draw(logprobs),
-                        finish_reason=draw(st.sampled_from(["stop", "length", "abort"])), token_logprobs=per_token)
+    return ScoredSample(
+        completion_ids=completion,
+        completion_text=draw(text),
+        reward=draw(rewards),
+        logprob_sum=draw(logprobs),
+        ref_logprob_sum=draw(logprobs),
+        finish_reason=draw(st.sampled_from(["stop", "length", "abort"])),
+        token_logprobs=per_token,
+    )
 
 
 scored_groups = st.builds(
     ScoredGroup,
-    prompt_id=st.text(min_size=1, max_size=30), prompt_text=text, prompt_ids=ids,
-    task=st.text(min_size=1, max_size=12), policy_version=st.integers(0, MAX_VERSION),
-    searcher_id=st.text(min_size=1, max_size=12), created_at=st.floats(0, 1e12),
-    temperature=st.floats(0.01, 10), reference=st.text(min_size=1, max_size=16),
+    prompt_id=st.text(min_size=1, max_size=30),
+    prompt_text=text,
+    prompt_ids=ids,
+    task=st.text(min_size=1, max_size=12),
+    policy_version=st.integers(0, MAX_VERSION),
+    searcher_id=st.text(min_size=1, max_size=12),
+    created_at=st.floats(0, 1e12),
+    temperature=st.floats(0.01, 10),
+    reference=st.text(min_size=1, max_size=16),
     samples=st.lists(scored_samples(), min_size=1, max_size=5),
 )
 
 sampled_samples = st.builds(
-    SampledSample, completion_ids=st.lists(st.integers(0, 10_000), max_size=10), reward=finite,
-    logprob_sum=finite, ref_logprob_sum=finite, version=st.integers(0, 2**40), staleness=st.integers(-5, 2**20),
+    SampledSample,
+    completion_ids=st.lists(st.integers(0, 10_000), max_size=10),
+    reward=finite,
+    logprob_sum=finite,
+    ref_logprob_sum=finite,
+    version=st.integers(0, 2**40),
+    staleness=st.integers(-5, 2**20),
     finish_reason=st.sampled_from(["stop", "length", "abort"]),
 )
 sampled_batches = st.builds(
-    SampledBatch, trainer_version=st.integers(0, 2**40),
-    groups=st.lists(st.builds(SampledGroup, prompt_id=text, prompt_ids=st.lists(st.integers(0, 500), max_size=8),
-                              prompt_text=text, task=text, branch=st.sampled_from(["recency", "reward"]),
-                              samples=st.lists(sampled_samples, max_size=4)), max_size=4),
+    SampledBatch,
+    trainer_version=st.integers(0, 2**40),
+    groups=st.lists(
+        st.builds(
+            SampledGroup,
+            prompt_id=text,
+            prompt_ids=st.lists(st.integers(0, 500), max_size=8),
+            prompt_text=text,
+            task=text,
+            branch=st.sampled_from(["recency", "reward"]),
+            samples=st.lists(sampled_samples, max_size=4),
+        ),
+        max_size=4,
+    ),
 )
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -74,9 +100,17 @@ def test_sampled_batch_round_trip(batch: SampledBatch, fmt: str) -> None:
 
 
 def valid_group() -> ScoredGroup:
-    return ScoredGroup(prompt_id="p", prompt_text="1+1=", prompt_ids=[1, 5], task="arithmetic", policy_version=0,
-                       searcher_id="s", samples=[ScoredSample(completion_ids=[6, 2], reward=1.0, logprob_sum=-1.0,
-                                                              ref_logprob_sum=-1.0)], temperature=1.0, reference="r")
+    return ScoredGroup(
+        prompt_id="p",
+        prompt_text="1+1=",
+        prompt_ids=[1, 5],
+        task="arithmetic",
+        policy_version=0,
+        searcher_id="s",
+        samples=[ScoredSample(completion_ids=[6, 2], reward=1.0, logprob_sum=-1.0, ref_logprob_sum=-1.0)],
+        temperature=1.0,
+        reference="r",
+    )
 
 
 def test_oversize_payload_rejected_before_parsing() -> None:
@@ -94,12 +128,15 @@ def test_vocab_size_checked_on_decode() -> None:
     decode(data, ScoredGroup, vocab_size=7)
 
 
-@pytest.mark.parametrize("data,fmt,reason", [
-    (b"\xc1\xc1garbage", "msgpack", "not valid msgpack"),
-    (b"{not json", "json", "not valid json"),
-    (pack([1, 2, 3]), "msgpack", "expected a msgpack map"),
-    (b"", "msgpack", "not valid msgpack"),
-])
+@pytest.mark.parametrize(
+    "data,fmt,reason",
+    [
+        (b"\xc1\xc1garbage", "msgpack", "not valid msgpack"),
+        (b"{not json", "json", "not valid json"),
+        (pack([1, 2, 3]), "msgpack", "expected a msgpack map"),
+        (b"", "msgpack", "not valid msgpack"),
+    ],
+)
 def test_malformed_payloads(data: bytes, fmt: str, reason: str) -> None:
     with pytest.raises(PayloadError, match=reason):
         decode(data, ScoredGroup, fmt)

@@ -10,14 +10,34 @@ from tba.dashboard import Snapshot, one_line, rates, render, sparkline
 def snapshot(t: float, step: int, ingested: int) -> Snapshot:
     return Snapshot(
         t=t,
-        trainer={"state": "training", "step": step, "version": step, "loss": 0.4321, "reward_mean": 0.625,
-                 "kl": 0.0123, "lr": 3e-5, "staleness_mean": 2.5, "wait_s": 0.01},
-        buffer={"samples": 900, "prompts": 120, "samples_ingested": ingested, "samples_duplicate": ingested // 4,
-                "reward_mean": 0.5, "dead_letters": 0},
-        searchers={"searcher-0": {"state": "running", "version": step - 6, "samples_per_s": 41.5,
-                                  "reload_ms_last": 120.0},
-                   "searcher-1": {"state": "paused: waiting for a newer policy", "version": step,
-                                  "samples_per_s": 38.0, "reload_ms_last": None}},
+        trainer={
+            "state": "training",
+            "step": step,
+            "version": step,
+            "loss": 0.4321,
+            "reward_mean": 0.625,
+            "kl": 0.0123,
+            "lr": 3e-5,
+            "staleness_mean": 2.5,
+            "wait_s": 0.01,
+        },
+        buffer={
+            "samples": 900,
+            "prompts": 120,
+            "samples_ingested": ingested,
+            "samples_duplicate": ingested // 4,
+            "reward_mean": 0.5,
+            "dead_letters": 0,
+        },
+        searchers={
+            "searcher-0": {"state": "running", "version": step - 6, "samples_per_s": 41.5, "reload_ms_last": 120.0},
+            "searcher-1": {
+                "state": "paused: waiting for a newer policy",
+                "version": step,
+                "samples_per_s": 38.0,
+                "reload_ms_last": None,
+            },
+        },
         accuracy=[(0, 0.345), (40, 0.5), (80, 0.715)],
     )
 
@@ -41,13 +61,32 @@ def test_every_part_of_the_system_has_its_panel_with_its_figures():
     snap.rates = {"steps_per_s": 8.25, "ingest_per_s": 96.0}
     text = shown(snap, ["searcher-1 exited with 137", "restarting searcher-1 (restart 1)"])
     assert "125 s elapsed" in text and "475 s left" in text
-    for expected in ("trainer", "training", "step", "200", "8.2 steps/s", "0.4321", "0.625", "0.0123", "3.00e-05",
-                     "2.5 versions",  # trainer
-                     "900 in 120 prompts", "96.0 samples/s", "25%",  # buffer: size, ingest, duplicate rate
-                     "searcher-0", "running", "194", "41.5", "120 ms",  # searcher-0 is 6 versions behind
-                     "paused: waiting for a newer policy",
-                     "71.5% at v80", "start 34.5% at v0", "best 71.5%",
-                     "restarts and warnings (2)", "restarting searcher-1 (restart 1)"):
+    for expected in (
+        "trainer",
+        "training",
+        "step",
+        "200",
+        "8.2 steps/s",
+        "0.4321",
+        "0.625",
+        "0.0123",
+        "3.00e-05",
+        "2.5 versions",  # trainer
+        "900 in 120 prompts",
+        "96.0 samples/s",
+        "25%",  # buffer: size, ingest, duplicate rate
+        "searcher-0",
+        "running",
+        "194",
+        "41.5",
+        "120 ms",  # searcher-0 is 6 versions behind
+        "paused: waiting for a newer policy",
+        "71.5% at v80",
+        "start 34.5% at v0",
+        "best 71.5%",
+        "restarts and warnings (2)",
+        "restarting searcher-1 (restart 1)",
+    ):
         assert expected in text, expected
     lag_row = next(line for line in text.splitlines() if "searcher-0" in line)
     assert lag_row.split()[3:5] == ["194", "6"]  # version, lag behind the trainer
@@ -68,5 +107,6 @@ def test_sparkline_spans_the_range_and_keeps_the_newest_values():
 
 def test_one_line_for_logs():
     line = one_line(snapshot(42.0, 7, 10))
-    assert line == ("[   42s] trainer step 7 v7 reward 0.625 | buffer 900 samples | acc 71.5% | "
-                    "searcher-0=v1,searcher-1=v7")
+    assert line == (
+        "[   42s] trainer step 7 v7 reward 0.625 | buffer 900 samples | acc 71.5% | searcher-0=v1,searcher-1=v7"
+    )

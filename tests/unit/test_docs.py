@@ -17,8 +17,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 DESIGN_DOCS = ("algorithm", "architecture", "operations")
-TOP_DIRS = ("tba", "services", "tests", "docs", "experiments", "benchmarks", "reliability", "scripts", "k8s",
-            "monitoring", "requirements")
+TOP_DIRS = (
+    "tba",
+    "services",
+    "tests",
+    "docs",
+    "experiments",
+    "benchmarks",
+    "reliability",
+    "scripts",
+    "k8s",
+    "monitoring",
+    "requirements",
+)
 TOP_FILES = r"README\.md|RELIABILITY\.md|Makefile|pyproject\.toml|docker-compose[\w.-]*\.yml"
 # A repository path: a top-level directory and what follows it, or a top-level file. Never preceded by a word
 # character, '.', '/' or '-', so that a relative '../x', an absolute '/x/tba/y' or 'site-packages/tba' is not
@@ -33,7 +44,9 @@ HEADING = re.compile(r"^## (\d+)\. \S", re.MULTILINE)
 # Design notes that are not part of the repository must not be cited; the names are assembled here so that
 # this file does not cite them itself.
 OUTSIDE = tuple(f"{name}.md" for name in ("ALGORITHM", "ARCHITECTURE", "PLATFORM", "STYLE")) + (
-    "../" + "shared", "/work/" + "shared")
+    "../" + "shared",
+    "/work/" + "shared",
+)
 
 
 @cache
@@ -45,8 +58,11 @@ def tracked() -> tuple[str, ...]:
 
 def scanned() -> list[str]:
     """The tracked files that cite paths: code, docs, configuration, Dockerfiles, the Makefile, scripts."""
-    return [p for p in tracked()
-            if p.endswith((".py", ".md", ".yml", ".yaml", ".sh", "Dockerfile")) or Path(p).name == "Makefile"]
+    return [
+        p
+        for p in tracked()
+        if p.endswith((".py", ".md", ".yml", ".yaml", ".sh", "Dockerfile")) or Path(p).name == "Makefile"
+    ]
 
 
 def read(path: str) -> str:
@@ -68,7 +84,8 @@ def test_design_docs_exist_with_numbered_sections() -> None:
         assert (ROOT / "docs" / f"{name}.md").is_file(), f"docs/{name}.md is missing"
         numbers = sections(name)
         assert numbers == list(range(1, len(numbers) + 1)) and numbers, (
-            f"docs/{name}.md: top-level sections must be '## 1. Title', '## 2. Title', ... in order; got {numbers}")
+            f"docs/{name}.md: top-level sections must be '## 1. Title', '## 2. Title', ... in order; got {numbers}"
+        )
 
 
 def test_cited_paths_exist() -> None:

@@ -32,16 +32,26 @@ def test_busy_fractions_per_cpu() -> None:
 
 def test_arm_command_places_the_services_and_names_the_base() -> None:
     cmd = Arm("a", mode="sync", trainer_cpus="1", searcher_cpus="0", base_model="/m").command(
-        3, 2.0, Path("/r"), 50, keep_evaluated=True)
+        3, 2.0, Path("/r"), 50, keep_evaluated=True
+    )
     joined = " ".join(cmd)
-    for part in ("--mode sync", "--seed 3", "--minutes 2.0", "--trainer-cpus 1", "--searcher-cpus 0",
-                 "--base-model /m", "--keep-evaluated", "--eval-prompts 50"):
+    for part in (
+        "--mode sync",
+        "--seed 3",
+        "--minutes 2.0",
+        "--trainer-cpus 1",
+        "--searcher-cpus 0",
+        "--base-model /m",
+        "--keep-evaluated",
+        "--eval-prompts 50",
+    ):
         assert part in joined
 
 
 def test_successes_are_counted_per_run_window_from_the_searchers_records(tmp_path: Path) -> None:
     rows = [(10.0, "177"), (11.0, "177"), (12.0, "77"), (99.0, "1770")]
     (tmp_path / "successes-searcher-0-1.jsonl").write_text(
-        "".join(json.dumps({"t": t, "prompt": "p", "text": x}) + "\n" for t, x in rows))
+        "".join(json.dumps({"t": t, "prompt": "p", "text": x}) + "\n" for t, x in rows)
+    )
     (tmp_path / "successes-eval-2.jsonl").write_text(json.dumps({"t": 10.5, "prompt": "p", "text": "9977"}) + "\n")
     assert found(tmp_path, 0.0, 50.0) == {"successes": 3, "distinct": 2}  # evaluations' successes not counted

@@ -28,16 +28,28 @@ def gqa_tied_model(attention: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(5)
-    config = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
-                         tie_word_embeddings=True, attn_implementation=attention)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        attn_implementation=attention,
+    )
     model = LlamaForCausalLM(config).eval()
     assert model.lm_head.weight is model.model.embed_tokens.weight
     return model
 
 
-@pytest.fixture(scope="module", params=[("sdpa", "mha"), ("eager", "mha"), ("sdpa", "gqa-tied"),
-                                        ("eager", "gqa-tied")], ids="-".join)
+@pytest.fixture(
+    scope="module",
+    params=[("sdpa", "mha"), ("eager", "mha"), ("sdpa", "gqa-tied"), ("eager", "gqa-tied")],
+    ids="-".join,
+)
 def model(request, tmp_path_factory: pytest.TempPathFactory):
     from transformers import AutoModelForCausalLM
 
@@ -67,7 +79,9 @@ def test_a_tree_holds_the_prompt_once_and_each_distinct_prefix_once() -> None:
 
 
 pairs = st.lists(
-    st.tuples(st.integers(0, 3), st.lists(st.integers(3, 12), min_size=1, max_size=6)), min_size=1, max_size=24,
+    st.tuples(st.integers(0, 3), st.lists(st.integers(3, 12), min_size=1, max_size=6)),
+    min_size=1,
+    max_size=24,
 )
 
 
@@ -103,8 +117,12 @@ def test_long_prompts_and_completions(model) -> None:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 60, (n,), generator=gen).tolist() for n in (300, 300, 300, 120)]
     stem = torch.randint(3, 60, (200,), generator=gen).tolist()
-    completions = [stem + torch.randint(3, 60, (56,), generator=gen).tolist(), stem[:150], stem + [4],
-                   torch.randint(3, 60, (256,), generator=gen).tolist()]
+    completions = [
+        stem + torch.randint(3, 60, (56,), generator=gen).tolist(),
+        stem[:150],
+        stem + [4],
+        torch.randint(3, 60, (256,), generator=gen).tolist(),
+    ]
     with torch.no_grad():
         expected = sequence_logprobs(model, prompts, completions, T, pad_id=0)
         got = shared_prefix_logprobs(model, prompts, completions, T, pad_id=0)
@@ -117,7 +135,8 @@ def test_a_model_whose_attention_ignores_custom_masks_is_refused(tmp_path: Path)
 
     path = init_model(tmp_path / "m", SMALL, seed=0)
     config = path / "config.json"
-    config.write_text(config.read_text().replace('"model_type"', '"attn_implementation": "flex_attention", '
-                                                 '"model_type"', 1))
+    config.write_text(
+        config.read_text().replace('"model_type"', '"attn_implementation": "flex_attention", "model_type"', 1)
+    )
     with pytest.raises(ValueError, match="needs attention that takes a 4D mask"):
         Reference(SearcherSettings(model=path), pad_id=0)

@@ -37,8 +37,9 @@ def random_input(num_prompts: int = 5, seed: int = 0, dtype=torch.float64) -> tu
     return x, [f"prompt-{int(i)}" for i in prompt_index]
 
 
-def direct_tb(log_pi: list[float], log_ref: list[float], reward: list[float], prompt_ids: list[str],
-              beta: float) -> tuple[float, list[float]]:
+def direct_tb(
+    log_pi: list[float], log_ref: list[float], reward: list[float], prompt_ids: list[str], beta: float
+) -> tuple[float, list[float]]:
     """docs/algorithm.md §2 written out with Python loops: the loss and dloss/dlog_pi_i (log Z held constant)."""
     groups: dict[str, list[int]] = {}
     for i, p in enumerate(prompt_ids):
@@ -84,8 +85,12 @@ def test_tb_metrics_are_the_batch_means() -> None:
 def test_mixed_prompts_counts_groups_whose_rewards_differ() -> None:
     reward = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5], dtype=torch.float64)
     index = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
-    x = LossInput(log_pi=torch.zeros(8, dtype=torch.float64), log_ref=torch.zeros(8, dtype=torch.float64),
-                  reward=reward, prompt_index=index)
+    x = LossInput(
+        log_pi=torch.zeros(8, dtype=torch.float64),
+        log_ref=torch.zeros(8, dtype=torch.float64),
+        reward=reward,
+        prompt_index=index,
+    )
     for loss in (tb_loss, grpo_loss):
         assert loss(x, 0.1).metrics["mixed_prompts"] == 1.0  # only prompt 1 has both a 1 and a 0
 
@@ -96,8 +101,9 @@ def test_tb_loss_groups_by_prompt_not_by_position() -> None:
     out = tb_loss(x, 0.2)
     out.loss.backward()
     perm = torch.randperm(len(x.prompt_index), generator=torch.Generator().manual_seed(9))
-    y = LossInput(x.log_pi.detach()[perm].clone().requires_grad_(), x.log_ref[perm], x.reward[perm],
-                  x.prompt_index[perm])
+    y = LossInput(
+        x.log_pi.detach()[perm].clone().requires_grad_(), x.log_ref[perm], x.reward[perm], x.prompt_index[perm]
+    )
     out_y = tb_loss(y, 0.2)
     out_y.loss.backward()
     assert out_y.loss.item() == pytest.approx(out.loss.item(), rel=1e-12)
@@ -147,9 +153,18 @@ def test_tb_gradient_is_scaled_reinforce_on_the_kl_regularised_reward(tiny_model
     prompts = [[1, 20, 17, 30], [1, 22, 15], [1, 25, 25, 16, 40]]
     prompt_rows, completions, index = [], [], []
     for g, prompt in enumerate(prompts):
-        out = policy.generate(torch.tensor([prompt]), do_sample=True, temperature=T, top_k=0, top_p=1.0,
-                              max_new_tokens=5, min_new_tokens=5, num_return_sequences=K, pad_token_id=pad)
-        for seq in out[:, len(prompt):].tolist():
+        out = policy.generate(
+            torch.tensor([prompt]),
+            do_sample=True,
+            temperature=T,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=5,
+            min_new_tokens=5,
+            num_return_sequences=K,
+            pad_token_id=pad,
+        )
+        for seq in out[:, len(prompt) :].tolist():
             prompt_rows.append(prompt)
             completions.append(seq)
             index.append(g)

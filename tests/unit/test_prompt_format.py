@@ -8,8 +8,10 @@ from tba.model.tokenizer import PLAIN, PromptFormat, build_tokenizer, encode_pro
 
 # A ChatML template like SmolLM2's and Qwen's, written for the character-level tokenizer (its special
 # tokens spelt with the characters it has): the template writes BOS itself, as Llama 3's does.
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}[assistant]{% endif %}")
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +34,11 @@ def test_plain_prompts_are_bos_then_characters(tokenizer) -> None:
 
 def test_chat_prompts_are_what_apply_chat_template_gives(chat_tokenizer) -> None:
     for fmt in (PromptFormat(chat=True), PromptFormat(chat=True, system_prompt="Be brief.")):
-        messages = ([{"role": "system", "content": fmt.system_prompt}] if fmt.system_prompt else [])
+        messages = [{"role": "system", "content": fmt.system_prompt}] if fmt.system_prompt else []
         messages.append({"role": "user", "content": "What is 2+3?"})
-        expected = chat_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                      return_dict=False)
+        expected = chat_tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         ids = fmt.encode(chat_tokenizer, "What is 2+3?")
         assert ids == list(expected)
         assert ids.count(chat_tokenizer.bos_token_id) == 1  # the template's BOS, not a second one

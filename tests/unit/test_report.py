@@ -29,8 +29,12 @@ def test_read_jsonl_skips_a_cut_last_line(tmp_path: Path) -> None:
 
 
 def test_time_to_accuracy_is_the_first_crossing() -> None:
-    evals = [{"t": 0, "accuracy": 0.2}, {"t": 30, "accuracy": 0.55},
-             {"t": 60, "accuracy": 0.5}, {"t": 90, "accuracy": 0.8}]
+    evals = [
+        {"t": 0, "accuracy": 0.2},
+        {"t": 30, "accuracy": 0.55},
+        {"t": 60, "accuracy": 0.5},
+        {"t": 90, "accuracy": 0.8},
+    ]
     assert time_to_accuracy(evals, 0.5) == 30
     assert time_to_accuracy(evals, 0.8) == 90
     assert time_to_accuracy(evals, 0.9) is None
@@ -39,7 +43,11 @@ def test_time_to_accuracy_is_the_first_crossing() -> None:
 def test_quantile_of_a_counted_distribution() -> None:
     counts = Counter({0: 50, 3: 40, 200: 10})
     assert (quantile(counts, 0.5), quantile(counts, 0.9), quantile(counts, 0.95), quantile(counts, 1.0)) == (
-        0, 3, 200, 200)
+        0,
+        3,
+        200,
+        200,
+    )
     assert quantile(Counter(), 0.5) is None
 
 
@@ -65,24 +73,40 @@ def test_smooth_keeps_length_and_levels() -> None:
 
 
 def test_samples_generated_adds_up_a_restarted_searcher() -> None:
-    timeline = [{"searchers": {"s0": {"samples_generated": 100}, "s1": {"error": "ConnectError"}}},
-                {"searchers": {"s0": {"samples_generated": 300}, "s1": {"samples_generated": 50}}},
-                {"searchers": {"s0": {"samples_generated": 20}, "s1": {"samples_generated": 80}}}]  # s0 restarted
+    timeline = [
+        {"searchers": {"s0": {"samples_generated": 100}, "s1": {"error": "ConnectError"}}},
+        {"searchers": {"s0": {"samples_generated": 300}, "s1": {"samples_generated": 50}}},
+        {"searchers": {"s0": {"samples_generated": 20}, "s1": {"samples_generated": 80}}},
+    ]  # s0 restarted
     assert samples_generated(timeline) == 300 + 20 + 80
     assert samples_generated([{"searchers": {"s0": {"error": "x"}}}]) is None
 
 
 def test_summary_rows_are_short_lines_never_lists() -> None:
-    summary = {"task": "arithmetic", "mode": "async", "loss": "tb", "searchers": 2, "wall_seconds": 612.4,
-               "accuracy_start": 0.345, "accuracy_end": 0.87, "trainer_steps": 4721,
-               "evaluations": [{"t": 0, "version": 0, "accuracy": 0.345}, {"t": 300, "version": 2000,
-                                                                            "accuracy": 0.9}],
-               "time_to_accuracy_s": {"0.50": 372.0, "0.90": None},
-               "versions_published": list(range(2, 4000, 2)),
-               "buffer": {"samples_ingested": 20000, "samples": 3000, "prompts": 400, "samples_duplicate": 17000,
-                          "samples_evicted": 0, "samples_dead_lettered": 0},
-               "staleness": {"mean": 79.8, "p95": 180, "max": 700},
-               "restarts": {"searcher-1": 1}, "events": ["x" * 500]}
+    summary = {
+        "task": "arithmetic",
+        "mode": "async",
+        "loss": "tb",
+        "searchers": 2,
+        "wall_seconds": 612.4,
+        "accuracy_start": 0.345,
+        "accuracy_end": 0.87,
+        "trainer_steps": 4721,
+        "evaluations": [{"t": 0, "version": 0, "accuracy": 0.345}, {"t": 300, "version": 2000, "accuracy": 0.9}],
+        "time_to_accuracy_s": {"0.50": 372.0, "0.90": None},
+        "versions_published": list(range(2, 4000, 2)),
+        "buffer": {
+            "samples_ingested": 20000,
+            "samples": 3000,
+            "prompts": 400,
+            "samples_duplicate": 17000,
+            "samples_evicted": 0,
+            "samples_dead_lettered": 0,
+        },
+        "staleness": {"mean": 79.8, "p95": 180, "max": 700},
+        "restarts": {"searcher-1": 1},
+        "events": ["x" * 500],
+    }
     rows = dict(summary_rows(summary, []))
     assert all(len(v) <= MAX_CELL for v in rows.values())
     assert rows["held-out greedy accuracy"] == "34.5% → 87.0% (best 90.0% at v2000)"

@@ -18,14 +18,28 @@ from tba.schemas import (
 
 
 def sample(**kw) -> dict:
-    base = {"completion_ids": [5, 6, 2], "completion_text": "82", "reward": 1.0, "logprob_sum": -1.5,
-            "ref_logprob_sum": -2.0}
+    base = {
+        "completion_ids": [5, 6, 2],
+        "completion_text": "82",
+        "reward": 1.0,
+        "logprob_sum": -1.5,
+        "ref_logprob_sum": -2.0,
+    }
     return {**base, **kw}
 
 
 def group(**kw) -> dict:
-    base = {"prompt_id": "37+45=", "prompt_text": "37+45=", "prompt_ids": [1, 7, 11], "task": "arithmetic",
-            "policy_version": 3, "searcher_id": "s0", "samples": [sample()], "temperature": 0.7, "reference": "r"}
+    base = {
+        "prompt_id": "37+45=",
+        "prompt_text": "37+45=",
+        "prompt_ids": [1, 7, 11],
+        "task": "arithmetic",
+        "policy_version": 3,
+        "searcher_id": "s0",
+        "samples": [sample()],
+        "temperature": 0.7,
+        "reference": "r",
+    }
     return {**base, **kw}
 
 
@@ -88,12 +102,17 @@ def test_token_logprobs_length_must_match() -> None:
     ScoredSample.model_validate(sample(token_logprobs=[-0.1, -0.2, -0.3]))
 
 
-@pytest.mark.parametrize("model,obj", [
-    (ScoredGroup, group(schema_version=99)),
-    (SampledBatch, {"schema_version": 2, "trainer_version": 0, "groups": []}),
-    (CheckpointManifest, {"schema_version": 0, "version": 1, "step": 1, "path": "step-000001",
-                          "content_hash": "a" * 64}),
-])
+@pytest.mark.parametrize(
+    "model,obj",
+    [
+        (ScoredGroup, group(schema_version=99)),
+        (SampledBatch, {"schema_version": 2, "trainer_version": 0, "groups": []}),
+        (
+            CheckpointManifest,
+            {"schema_version": 0, "version": 1, "step": 1, "path": "step-000001", "content_hash": "a" * 64},
+        ),
+    ],
+)
 def test_unknown_schema_version(model, obj) -> None:
     with pytest.raises(ValidationError) as exc:
         model.model_validate(obj)
@@ -115,8 +134,11 @@ def test_unknown_fields_and_bad_enums_rejected() -> None:
 
 def test_sample_request_bounds() -> None:
     SampleRequest(num_prompts=8, samples_per_prompt=8, trainer_version=0)
-    for bad, field in [({"num_prompts": 0}, "num_prompts"), ({"recency_prob": 1.5}, "recency_prob"),
-                       ({"samples_per_prompt": 10_000}, "samples_per_prompt")]:
+    for bad, field in [
+        ({"num_prompts": 0}, "num_prompts"),
+        ({"recency_prob": 1.5}, "recency_prob"),
+        ({"samples_per_prompt": 10_000}, "samples_per_prompt"),
+    ]:
         with pytest.raises(ValidationError) as exc:
             SampleRequest(**{"num_prompts": 8, "samples_per_prompt": 8, "trainer_version": 0, **bad})
         assert field in error_text(exc)

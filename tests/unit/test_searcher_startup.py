@@ -85,8 +85,17 @@ def test_spill_dir_in_use(capsys, tmp_path: Path, model_files: Path) -> None:
 
     held = SpillQueue(tmp_path / "spill", max_bytes=1 << 20)
     try:
-        code, err = run(capsys, "--model", str(model_files), "--spill-dir", str(tmp_path / "spill"),
-                        "--redis-url", "redis://127.0.0.1:1/0", "--metrics-port", "0")
+        code, err = run(
+            capsys,
+            "--model",
+            str(model_files),
+            "--spill-dir",
+            str(tmp_path / "spill"),
+            "--redis-url",
+            "redis://127.0.0.1:1/0",
+            "--metrics-port",
+            "0",
+        )
     finally:
         held.close()
     assert code == 2 and "TBA_SPILL_DIR" in err and "in use" in err

@@ -71,21 +71,24 @@ def test_keyword_overrides_win() -> None:
     assert load_settings(SearcherSettings, args, completions_per_prompt=6).completions_per_prompt == 6
 
 
-@pytest.mark.parametrize("env,value,cls", [
-    ("TBA_REDIS_URL", "http://nope", CommonSettings),
-    ("TBA_PORT", "70000", BufferSettings),
-    ("TBA_TEMPERATURE", "0", TrainerSettings),
-    ("TBA_LR", "fast", TrainerSettings),
-    ("TBA_LOG_LEVEL", "LOUD", CommonSettings),
-    ("TBA_NAMESPACE", "a b", CommonSettings),
-    ("TBA_TRAIN_SAMPLES_PER_PROMPT", "1", TrainerSettings),
-    ("TBA_COMPLETIONS_PER_PROMPT", "0", SearcherSettings),
-    ("TBA_TASK_OPTIONS", "{bad", CommonSettings),
-    ("TBA_CHAT_TEMPLATE", "sometimes", SearcherSettings),
-    ("TBA_STOP", "[\"\"]", SearcherSettings),
-    ("TBA_STOP", "not json", SearcherSettings),
-    ("TBA_MAX_NEW_TOKENS", "99999999", SearcherSettings),
-])
+@pytest.mark.parametrize(
+    "env,value,cls",
+    [
+        ("TBA_REDIS_URL", "http://nope", CommonSettings),
+        ("TBA_PORT", "70000", BufferSettings),
+        ("TBA_TEMPERATURE", "0", TrainerSettings),
+        ("TBA_LR", "fast", TrainerSettings),
+        ("TBA_LOG_LEVEL", "LOUD", CommonSettings),
+        ("TBA_NAMESPACE", "a b", CommonSettings),
+        ("TBA_TRAIN_SAMPLES_PER_PROMPT", "1", TrainerSettings),
+        ("TBA_COMPLETIONS_PER_PROMPT", "0", SearcherSettings),
+        ("TBA_TASK_OPTIONS", "{bad", CommonSettings),
+        ("TBA_CHAT_TEMPLATE", "sometimes", SearcherSettings),
+        ("TBA_STOP", '[""]', SearcherSettings),
+        ("TBA_STOP", "not json", SearcherSettings),
+        ("TBA_MAX_NEW_TOKENS", "99999999", SearcherSettings),
+    ],
+)
 def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, env: str, value: str, cls) -> None:
     monkeypatch.setenv(env, value)
     with pytest.raises(SettingsError) as exc:
@@ -148,10 +151,13 @@ def load_as_the_service(cls, argv: list[str]):
     return settings
 
 
-@pytest.mark.parametrize("cls, field, new", [(TrainerSettings, "train_samples_per_prompt", K),
-                                             (SearcherSettings, "completions_per_prompt", S)])
+@pytest.mark.parametrize(
+    "cls, field, new",
+    [(TrainerSettings, "train_samples_per_prompt", K), (SearcherSettings, "completions_per_prompt", S)],
+)
 def test_the_old_variable_alone_supplies_the_value_and_warns(
-        monkeypatch: pytest.MonkeyPatch, warnings_logged, cls, field: str, new: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, warnings_logged, cls, field: str, new: str
+) -> None:
     monkeypatch.setenv(OLD, "4")
     assert getattr(load_as_the_service(cls, []), field) == 4
     (message,) = warnings_logged()
@@ -161,10 +167,13 @@ def test_the_old_variable_alone_supplies_the_value_and_warns(
     assert message.endswith(f"Its value 4 is used for {new} / --{field.replace('_', '-')}.")
 
 
-@pytest.mark.parametrize("cls, field, new", [(TrainerSettings, "train_samples_per_prompt", K),
-                                             (SearcherSettings, "completions_per_prompt", S)])
+@pytest.mark.parametrize(
+    "cls, field, new",
+    [(TrainerSettings, "train_samples_per_prompt", K), (SearcherSettings, "completions_per_prompt", S)],
+)
 def test_the_new_variable_wins_and_the_old_one_is_ignored_with_a_warning(
-        monkeypatch: pytest.MonkeyPatch, warnings_logged, cls, field: str, new: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, warnings_logged, cls, field: str, new: str
+) -> None:
     monkeypatch.setenv(OLD, "4")
     monkeypatch.setenv(new, "6")
     assert getattr(load_as_the_service(cls, []), field) == 6
@@ -180,7 +189,8 @@ def test_a_new_variable_in_lower_case_wins_too(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_old_flag_is_an_alias_too_and_any_new_setting_wins(
-        monkeypatch: pytest.MonkeyPatch, warnings_logged) -> None:
+    monkeypatch: pytest.MonkeyPatch, warnings_logged
+) -> None:
     assert load_as_the_service(TrainerSettings, ["--samples-per-prompt", "5"]).train_samples_per_prompt == 5
     monkeypatch.setenv(OLD, "4")  # the old flag beats the old variable, as flags beat variables
     assert load_as_the_service(SearcherSettings, ["--samples-per-prompt", "3"]).completions_per_prompt == 3
@@ -196,7 +206,8 @@ def test_the_old_flag_is_an_alias_too_and_any_new_setting_wins(
 
 
 def test_the_warning_is_logged_once_and_only_when_an_old_name_is_given(
-        monkeypatch: pytest.MonkeyPatch, warnings_logged) -> None:
+    monkeypatch: pytest.MonkeyPatch, warnings_logged
+) -> None:
     assert load_as_the_service(TrainerSettings, []).train_samples_per_prompt == 8
     assert load_as_the_service(SearcherSettings, []).completions_per_prompt == 8
     assert warnings_logged() == []
@@ -218,7 +229,8 @@ def test_a_bad_value_of_the_old_variable_names_it(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_services_commands_read_the_old_variable_and_log_the_warning(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """Through `tba trainer` and `tba searcher` themselves: parsing, loading, logging set up, the warning."""
     import signal
 

@@ -114,14 +114,16 @@ def _service(tmp_path: Path, name: str, kind: str) -> Child:
     script.write_text(SERVICE)
     # the service imports reliability.procs
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    return Child(name, [sys.executable, str(script), str(tmp_path / name), kind], env, tmp_path / f"{name}.log",
-                 grace=1.0)
+    return Child(
+        name, [sys.executable, str(script), str(tmp_path / name), kind], env, tmp_path / f"{name}.log", grace=1.0
+    )
 
 
 def test_a_crashing_child_is_reported_and_restarted(tmp_path: Path, sup: Supervisor) -> None:
     sup.max_restarts = 2
-    child = sup.add(Child("crasher", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ),
-                          tmp_path / "crasher.log"))
+    child = sup.add(
+        Child("crasher", [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ), tmp_path / "crasher.log")
+    )
     assert _wait(lambda: (sup.check(), child.restarts >= 1)[1], timeout=10)
     assert child.exit_codes[0] == 3
     assert any("exited with code 3" in e for e in sup.events)
@@ -130,21 +132,43 @@ def test_a_crashing_child_is_reported_and_restarted(tmp_path: Path, sup: Supervi
 def test_a_child_placed_on_cpus_runs_there_with_everything_it_starts(tmp_path: Path, sup: Supervisor) -> None:
     """``Child.cpus`` (tba up --trainer-cpus / --searcher-cpus): the service and its own children are confined."""
     cpu = max(os.sched_getaffinity(0))
-    code = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); "
-            "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])")
-    sup.add(Child("placed", [sys.executable, "-c", code], dict(os.environ), tmp_path / "placed.log", restart=False,
-                  cpus=[cpu]))
+    code = (
+        "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); "
+        "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])"
+    )
+    sup.add(
+        Child(
+            "placed", [sys.executable, "-c", code], dict(os.environ), tmp_path / "placed.log", restart=False, cpus=[cpu]
+        )
+    )
     log = tmp_path / "placed.log"
     assert _wait(lambda: log.exists() and log.read_text().count("[") == 2, timeout=20), log.read_text()
     assert log.read_text().split() == [f"[{cpu}]", f"[{cpu}]"]
 
 
 def test_a_bad_cpu_list_is_refused_by_name() -> None:
-    bad = subprocess.run([sys.executable, "-m", "tba.lifetime", "--name", "x", "--parent", str(os.getpid()),
-                          "--cpus", "0-x", "--", "true"], capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tba.lifetime",
+            "--name",
+            "x",
+            "--parent",
+            str(os.getpid()),
+            "--cpus",
+            "0-x",
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "--cpus '0-x'" in bad.stderr and "not a CPU id or range" in bad.stderr
-    up = subprocess.run([sys.executable, "-m", "tba.cli", "up", "--trainer-cpus", "4096"], capture_output=True,
-                        text=True, timeout=60)
+    up = subprocess.run(
+        [sys.executable, "-m", "tba.cli", "up", "--trainer-cpus", "4096"], capture_output=True, text=True, timeout=60
+    )
     assert up.returncode == 2 and "--trainer-cpus='4096': CPUs [4096] are not among this machine's" in up.stderr
 
 
@@ -180,8 +204,15 @@ def test_shared_memory_of_a_killed_service_is_released(tmp_path: Path, sup: Supe
     unlink the segment, so /dev/shm keeps nothing of it."""
     script = tmp_path / "shm_service.py"
     script.write_text(SHM_SERVICE)
-    child = sup.add(Child("searcher", [sys.executable, str(script), str(tmp_path)], dict(os.environ),
-                          tmp_path / "searcher.log", grace=5.0))
+    child = sup.add(
+        Child(
+            "searcher",
+            [sys.executable, str(script), str(tmp_path)],
+            dict(os.environ),
+            tmp_path / "searcher.log",
+            grace=5.0,
+        )
+    )
     sup.max_restarts = 0
     assert _wait(lambda: (tmp_path / "segment").exists(), timeout=30)
     segment = Path("/dev/shm") / (tmp_path / "segment").read_text()
@@ -219,13 +250,16 @@ def test_nothing_outlives_a_supervisor_killed_with_sigkill(tmp_path: Path) -> No
     parent = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(tmp_path), str(script)], env=env)
     try:
         assert _wait(lambda: all(_pids(tmp_path / kind / "helpers") for kind in ("polite", "stubborn")), timeout=20)
-        pids = [pid for kind in ("polite", "stubborn") for name in ("services", "helpers")
-                for pid in _pids(tmp_path / kind / name)]
+        pids = [
+            pid
+            for kind in ("polite", "stubborn")
+            for name in ("services", "helpers")
+            for pid in _pids(tmp_path / kind / name)
+        ]
         parent.kill()
         parent.wait(5)
         started = time.monotonic()
-        assert _wait(lambda: not any(alive(pid) for pid in pids), timeout=8), \
-            [pid for pid in pids if alive(pid)]
+        assert _wait(lambda: not any(alive(pid) for pid in pids), timeout=8), [pid for pid in pids if alive(pid)]
         assert time.monotonic() - started < 5  # the stubborn one: 1 s of grace, then SIGKILL
         assert (tmp_path / "polite" / "terminated").exists(), "the polite service was not asked to stop"
         assert "parent" in (tmp_path / "stubborn.log").read_text()  # the guard says why it stopped its service

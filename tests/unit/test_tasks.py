@@ -22,6 +22,7 @@ def take(task, seed: int, n: int) -> list[Prompt]:
 
 # --- registry ---
 
+
 def test_registry_has_every_task() -> None:
     assert task_names() == ["arithmetic", "countdown", "gsm8k", "redteam", "reward-model", "sums"]
 
@@ -38,6 +39,7 @@ def test_unknown_task_and_bad_options_are_named() -> None:
 
 
 # --- arithmetic ---
+
 
 def test_arithmetic_reward_is_exact() -> None:
     task = make_task("arithmetic")
@@ -75,11 +77,42 @@ def test_arithmetic_eval_prompts_end_when_the_held_out_set_is_small() -> None:
 
 # --- countdown: the parser ---
 
-@pytest.mark.parametrize("text", [
-    "__import__('os').system('true')", "x", "a.b", "(1).real", "2**99999", "9**9**9", "1/0", "7//2", "7%2",
-    "1e5", "0x10", "1_000", "abs(3)", "3+", "+3", "-3", "()", "(3", "3)", "3 4", "", "   ", "٣+1", "3\n+4",
-    "1" * 5, "(" * 9 + "1" + ")" * 9, "+".join(["1"] * 40), "[3]", "3;4", "lambda: 1",
-])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('true')",
+        "x",
+        "a.b",
+        "(1).real",
+        "2**99999",
+        "9**9**9",
+        "1/0",
+        "7//2",
+        "7%2",
+        "1e5",
+        "0x10",
+        "1_000",
+        "abs(3)",
+        "3+",
+        "+3",
+        "-3",
+        "()",
+        "(3",
+        "3)",
+        "3 4",
+        "",
+        "   ",
+        "٣+1",
+        "3\n+4",
+        "1" * 5,
+        "(" * 9 + "1" + ")" * 9,
+        "+".join(["1"] * 40),
+        "[3]",
+        "3;4",
+        "lambda: 1",
+    ],
+)
 def test_parser_rejects_everything_outside_the_grammar(text: str) -> None:
     with pytest.raises(expr.ExpressionError):
         expr.parse(text)
@@ -116,6 +149,7 @@ def test_canonical_form_merges_reorderings_only() -> None:
 
 
 # --- countdown: the task ---
+
 
 def test_countdown_reward() -> None:
     task = make_task("countdown")
@@ -181,15 +215,20 @@ def test_countdown_options() -> None:
 
 # --- gsm8k ---
 
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def gsm_rows(n: int, offset: int = 0) -> list[dict]:
-    return [{"question": f"Tom has {i} apples and buys {i + 1} more. How many?",
-             "answer": f"{i}+{i + 1}=<<{i}+{i + 1}={2 * i + 1}>>{2 * i + 1}\n#### {2 * i + 1:,}"}
-            for i in range(offset, offset + n)]
+    return [
+        {
+            "question": f"Tom has {i} apples and buys {i + 1} more. How many?",
+            "answer": f"{i}+{i + 1}=<<{i}+{i + 1}={2 * i + 1}>>{2 * i + 1}\n#### {2 * i + 1:,}",
+        }
+        for i in range(offset, offset + n)
+    ]
 
 
 def test_last_number_rule() -> None:
@@ -241,6 +280,7 @@ def test_gsm8k_bad_files_are_named(tmp_path: Path) -> None:
 
 # --- reward-model (scoring itself is tested with a real model in tests/integration) ---
 
+
 def test_reward_model_options_checked_at_construction(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Summarise: a b c\n"}])
     with pytest.raises(ValueError, match="needs the options model_dir"):
@@ -251,6 +291,7 @@ def test_reward_model_options_checked_at_construction(tmp_path: Path) -> None:
 
 # --- chat form: prompts asked as user messages, answers read from chat replies ---
 
+
 def test_arithmetic_chat_form() -> None:
     plain, chat = make_task("arithmetic"), make_task("arithmetic", chat=True)
     p, c = plain.eval_prompts(20), chat.eval_prompts(20)
@@ -258,8 +299,16 @@ def test_arithmetic_chat_form() -> None:
     assert c[0].text == f"What is {c[0].prompt_id.rstrip('=')}? Answer with the number only."
     assert c[0].answer == p[0].answer and take(chat, 0, 5)[0].prompt_id == take(plain, 0, 5)[0].prompt_id
     q = Prompt("37+45=", "What is 37+45? Answer with the number only.", "82")
-    for reply, reward in [("82", 1.0), ("37 + 45 = 82", 1.0), ("The answer is 82.", 1.0), ("82.0", 1.0),
-                          ("It is 82, not 81", 0.0), ("37 + 45 = 83", 0.0), ("I cannot say", 0.0), ("820", 0.0)]:
+    for reply, reward in [
+        ("82", 1.0),
+        ("37 + 45 = 82", 1.0),
+        ("The answer is 82.", 1.0),
+        ("82.0", 1.0),
+        ("It is 82, not 81", 0.0),
+        ("37 + 45 = 83", 0.0),
+        ("I cannot say", 0.0),
+        ("820", 0.0),
+    ]:
         assert chat.reward(q, reply) == reward, reply
     assert plain.reward(q, "The answer is 82.") == 0.0  # the plain form stays exact
 
@@ -272,9 +321,16 @@ def test_countdown_chat_form() -> None:
     assert c[0].text.startswith(f"Use some of the numbers {' '.join(map(str, given))}, each at most once")
     assert f"to make {target}." in c[0].text
     q = Prompt("24 from 2 3 4 6:", "Use some of the numbers 2 3 4 6 ... to make 24.", "24")
-    for reply, reward in [("4*6", 1.0), ("4*6 = 24", 1.0), ("We can write (6-3)*2*4.", 1.0),
-                          ("First 2+3, no. Answer: 3*(2+6)", 1.0), ("24", 0.0), ("4*7 = 28", 0.0),
-                          ("6*4*1", 0.0), ("", 0.0)]:
+    for reply, reward in [
+        ("4*6", 1.0),
+        ("4*6 = 24", 1.0),
+        ("We can write (6-3)*2*4.", 1.0),
+        ("First 2+3, no. Answer: 3*(2+6)", 1.0),
+        ("24", 0.0),
+        ("4*7 = 28", 0.0),
+        ("6*4*1", 0.0),
+        ("", 0.0),
+    ]:
         assert chat.reward(q, reply) == reward, reply
     assert chat.answer_key(q, "so 6*4 = 24") == chat.answer_key(q, "4*6")
     assert chat.reward(q, chat.sft_target(q)) == 1.0

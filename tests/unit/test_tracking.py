@@ -17,8 +17,14 @@ def test_tensorboard_and_wandb_offline_hold_what_was_logged(tmp_path: Path) -> N
 
     from tests.wandb_log import read_run
 
-    tracker = Tracker(tmp_path / "tb", name="trainer", wandb_mode="offline", wandb_group="run-1",
-                      wandb_dir=tmp_path, config={"lr": 3e-5})
+    tracker = Tracker(
+        tmp_path / "tb",
+        name="trainer",
+        wandb_mode="offline",
+        wandb_group="run-1",
+        wandb_dir=tmp_path,
+        config={"lr": 3e-5},
+    )
     for step in (1, 2, 3):
         tracker.scalars(step, {"loss": 1.0 / step, "kl": None, "note": "text"}, prefix="trainer")
         tracker.histogram(step, "trainer/staleness", {0: 6, 3: 2})
@@ -28,7 +34,10 @@ def test_tensorboard_and_wandb_offline_hold_what_was_logged(tmp_path: Path) -> N
     events.Reload()
     assert events.Tags()["scalars"] == ["trainer/loss"]  # None and text are not numbers: not logged
     assert [(e.step, e.value) for e in events.Scalars("trainer/loss")] == [
-        (1, 1.0), (2, pytest.approx(0.5)), (3, pytest.approx(1 / 3))]
+        (1, 1.0),
+        (2, pytest.approx(0.5)),
+        (3, pytest.approx(1 / 3)),
+    ]
     histogram = events.Histograms("trainer/staleness")[-1].histogram_value
     assert (histogram.num, histogram.min, histogram.max, histogram.sum) == (8, 0.0, 3.0, 6.0)
 
@@ -37,7 +46,10 @@ def test_tensorboard_and_wandb_offline_hold_what_was_logged(tmp_path: Path) -> N
     assert run["complete"], "W&B never finished its log"
     assert (run["group"], run["job_type"], run["name"]) == ("run-1", "trainer", "run-1-trainer")
     assert [(row["_step"], row["trainer/loss"]) for row in run["history"]] == [
-        (1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
+        (1, 1.0),
+        (2, 0.5),
+        (3, pytest.approx(1 / 3)),
+    ]
 
 
 def test_wandb_asked_for_but_not_installed_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,8 +30,17 @@ def make_rows(num_prompts: int = 6, K: int = 4, seed: int = 0) -> list[Row]:
         prompt = (1, *(rng.randrange(4, 80) for _ in range(rng.randint(2, 8))))
         for _ in range(K):
             completion = tuple(rng.randrange(4, 80) for _ in range(rng.randint(1, 9)))
-            rows.append(Row(("arithmetic", f"p{p}"), prompt, completion, float(rng.random() > 0.5),
-                            -rng.uniform(5, 30), version=rng.randint(0, 3), staleness=rng.randint(0, 3)))
+            rows.append(
+                Row(
+                    ("arithmetic", f"p{p}"),
+                    prompt,
+                    completion,
+                    float(rng.random() > 0.5),
+                    -rng.uniform(5, 30),
+                    version=rng.randint(0, 3),
+                    staleness=rng.randint(0, 3),
+                )
+            )
     rng.shuffle(rows)
     return rows
 
@@ -67,22 +76,36 @@ def test_plan_gives_an_oversize_prompt_its_own_micro_batch(caplog) -> None:
 
 
 def sampled_batch(groups: list[tuple[str, list[int], list[list[int]]]]) -> SampledBatch:
-    return SampledBatch(trainer_version=3, groups=[
-        SampledGroup(prompt_id=pid, prompt_ids=prompt, task="arithmetic", branch="reward", samples=[
-            SampledSample(completion_ids=c, reward=1.0, logprob_sum=-1.0, ref_logprob_sum=-2.0, version=1,
-                          staleness=2) for c in comps])
-        for pid, prompt, comps in groups
-    ])
+    return SampledBatch(
+        trainer_version=3,
+        groups=[
+            SampledGroup(
+                prompt_id=pid,
+                prompt_ids=prompt,
+                task="arithmetic",
+                branch="reward",
+                samples=[
+                    SampledSample(
+                        completion_ids=c, reward=1.0, logprob_sum=-1.0, ref_logprob_sum=-2.0, version=1, staleness=2
+                    )
+                    for c in comps
+                ],
+            )
+            for pid, prompt, comps in groups
+        ],
+    )
 
 
 def test_rows_from_batch_merges_a_prompt_served_twice_and_drops_bad_groups() -> None:
-    batch = sampled_batch([
-        ("a", [1, 5, 6], [[7, 2], [8, 2]]),
-        ("b", [1, 9], [[7, 500]]),  # token id beyond the vocabulary
-        ("a", [1, 5, 6], [[9, 2]]),  # the same prompt again: one log Z over 3 samples
-        ("c", [1, 9], [[7] * 300]),  # longer than the model
-        ("a", [1, 5, 7], [[9, 2]]),  # same id, other tokens: inconsistent
-    ])
+    batch = sampled_batch(
+        [
+            ("a", [1, 5, 6], [[7, 2], [8, 2]]),
+            ("b", [1, 9], [[7, 500]]),  # token id beyond the vocabulary
+            ("a", [1, 5, 6], [[9, 2]]),  # the same prompt again: one log Z over 3 samples
+            ("c", [1, 9], [[7] * 300]),  # longer than the model
+            ("a", [1, 5, 7], [[9, 2]]),  # same id, other tokens: inconsistent
+        ]
+    )
     rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
     assert len(rows) == 3 and {r.prompt_key for r in rows} == {("arithmetic", "a")}
     assert len(problems) == 3
@@ -94,8 +117,17 @@ def test_rows_from_batch_merges_a_prompt_served_twice_and_drops_bad_groups() -> 
 
 def grads_after_accumulate(model, rows, budget: int, loss: str = "tb", prefix_sharing: bool = True) -> torch.Tensor:
     optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
-    learner = Learner(model, optimizer, scheduler, make_loss(loss), temperature=0.7, pad_id=0,
-                      token_budget=budget, grad_clip=None, prefix_sharing=prefix_sharing)
+    learner = Learner(
+        model,
+        optimizer,
+        scheduler,
+        make_loss(loss),
+        temperature=0.7,
+        pad_id=0,
+        token_budget=budget,
+        grad_clip=None,
+        prefix_sharing=prefix_sharing,
+    )
     model.zero_grad(set_to_none=True)
     learner.accumulate(plan_micro_batches(rows, budget), beta=0.1, denom=len(rows))
     return torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -134,9 +166,11 @@ def test_padding_does_not_change_the_loss(tiny_model) -> None:
     n = plan.size
     with torch.no_grad():
         alone = sequence_logprobs(model, plan.prompts, plan.completions, 0.7, 0)
-        padded = sequence_logprobs(model, plan.prompts + [[1, 4, 5]], plan.completions + [list(range(10, 70))],
-                                   0.7, 0)[:n]
+        padded = sequence_logprobs(model, plan.prompts + [[1, 4, 5]], plan.completions + [list(range(10, 70))], 0.7, 0)[
+            :n
+        ]
     torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-4)
-    loss = [tb_loss(LossInput(lp, plan.log_ref, plan.reward, plan.prompt_index), 0.1).loss.item()
-            for lp in (alone, padded)]
+    loss = [
+        tb_loss(LossInput(lp, plan.log_ref, plan.reward, plan.prompt_index), 0.1).loss.item() for lp in (alone, padded)
+    ]
     assert loss[1] == pytest.approx(loss[0], rel=1e-4)

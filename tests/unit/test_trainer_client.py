@@ -57,8 +57,9 @@ def test_sample_sends_msgpack_with_the_token_and_decodes_the_batch() -> None:
 
 def test_transient_failures_are_retried_and_logged(caplog) -> None:
     caplog.set_level(logging.INFO)
-    transport, seen = scripted(httpx.ConnectError("refused"), httpx.Response(503, text="redis down"),
-                               httpx.ReadTimeout("slow"), ok_batch())
+    transport, seen = scripted(
+        httpx.ConnectError("refused"), httpx.Response(503, text="redis down"), httpx.ReadTimeout("slow"), ok_batch()
+    )
     c = client(transport)
     assert c.sample(REQUEST) == BATCH
     assert len(seen) == 4 and c.failures == 3 and c.reachable
@@ -103,8 +104,9 @@ def test_stop_interrupts_the_retries() -> None:
             stop.set()
         raise httpx.ConnectError("refused")
 
-    c = BufferClient("http://buffer:8400", transport=httpx.MockTransport(handler), stop=stop,
-                     delays=itertools.repeat(0.0))
+    c = BufferClient(
+        "http://buffer:8400", transport=httpx.MockTransport(handler), stop=stop, delays=itertools.repeat(0.0)
+    )
     with pytest.raises(StopRequested):
         c.stats()
     assert len(calls) == 3

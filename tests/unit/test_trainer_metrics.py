@@ -14,7 +14,13 @@ from services.trainer.metrics import TrainerMetrics
 def result() -> StepResult:
     return StepResult(
         metrics={"loss": 0.5, "reward_mean": 0.25, "log_Z_mean": 3.5, "kl": 0.125, "prompts": 2.0},
-        samples=8, prompts=2, tokens=160, micro_batches=2, seconds=0.5, grad_norm=1.5, lr=1e-4,
+        samples=8,
+        prompts=2,
+        tokens=160,
+        micro_batches=2,
+        seconds=0.5,
+        grad_norm=1.5,
+        lr=1e-4,
         staleness={0: 5, 2: 3},
     )
 

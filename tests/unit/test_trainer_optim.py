@@ -36,13 +36,16 @@ def test_scheduler_drives_adamw() -> None:
     assert lrs == pytest.approx([0.1, 0.075, 0.05, 0.025])
 
 
-@pytest.mark.parametrize("overrides, names", [
-    ({"beta_start": 0.1, "beta_end": 0.05}, ["TBA_BETA_END", "TBA_BETA_ANNEAL_STEPS"]),
-    ({"lr_schedule": "wsd"}, ["TBA_LR_SCHEDULE", "TBA_MAX_STEPS", "TBA_MAX_SECONDS"]),
-    ({"lr_warmup_steps": 10, "max_steps": 5}, ["TBA_LR_WARMUP_STEPS"]),
-    ({"train_samples_per_prompt": 1}, ["TBA_TRAIN_SAMPLES_PER_PROMPT"]),
-    ({"loss": "ppo"}, ["TBA_LOSS"]),
-])
+@pytest.mark.parametrize(
+    "overrides, names",
+    [
+        ({"beta_start": 0.1, "beta_end": 0.05}, ["TBA_BETA_END", "TBA_BETA_ANNEAL_STEPS"]),
+        ({"lr_schedule": "wsd"}, ["TBA_LR_SCHEDULE", "TBA_MAX_STEPS", "TBA_MAX_SECONDS"]),
+        ({"lr_warmup_steps": 10, "max_steps": 5}, ["TBA_LR_WARMUP_STEPS"]),
+        ({"train_samples_per_prompt": 1}, ["TBA_TRAIN_SAMPLES_PER_PROMPT"]),
+        ({"loss": "ppo"}, ["TBA_LOSS"]),
+    ],
+)
 def test_bad_trainer_settings_name_the_variable(overrides, names) -> None:
     with pytest.raises(SettingsError) as err:
         load_settings(TrainerSettings, **overrides)
