@@ -20,7 +20,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +29,11 @@ import httpx
 from benchmarks import Figure
 from services.buffer.ingest import Ingestor
 from services.buffer.store import BufferStore
+from tba.cli import tba_command
 from tba.codec import MSGPACK_MEDIA_TYPE, encode, pack
 from tba.health import free_port
 from tba.keys import STREAM_FIELD
-from tba.redis_client import async_client
+from tba.redis_client import async_client, server_args
 from tba.schemas import SampleRequest, ScoredGroup, ScoredSample
 from tba.settings import BufferSettings
 
@@ -81,20 +81,7 @@ class Redis:
         self.proc = subprocess.Popen(
             [
                 "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                self.dir.name,
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--maxmemory-policy",
-                "noeviction",
+                *server_args(self.port, self.dir.name),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -220,7 +207,7 @@ def start_service(redis_url: str) -> tuple[subprocess.Popen, str]:
         "TBA_INGEST_ENABLED": "false",
         "TBA_LOG_LEVEL": "WARNING",
     }
-    proc = subprocess.Popen([sys.executable, "-m", "tba.cli", "buffer"], cwd=ROOT, env=env)
+    proc = subprocess.Popen(tba_command("buffer"), cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:

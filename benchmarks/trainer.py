@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 from benchmarks import Figure
+from tba.cli import tba_command
 from tba.health import free_port
 
 PART = "trainer"
@@ -85,7 +86,7 @@ def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
     """redis-server and `tba buffer` on free ports; returns the processes, the Redis URL, the buffer URL."""
     import httpx
 
-    from tba.redis_client import sync_client
+    from tba.redis_client import server_args, sync_client
 
     rport, bport = free_port(), free_port()
     (work / "redis").mkdir(parents=True)
@@ -93,16 +94,7 @@ def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
         subprocess.Popen(
             [
                 "redis-server",
-                "--port",
-                str(rport),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(work / "redis"),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
+                *server_args(rport, work / "redis", appendonly=False),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -113,7 +105,7 @@ def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
     env = {**os.environ, "TBA_REDIS_URL": redis_url, "TBA_NAMESPACE": NS, "TBA_LOG_LEVEL": "WARNING"}
     procs.append(
         subprocess.Popen(
-            [sys.executable, "-m", "tba.cli", "buffer", "--port", str(bport)],
+            tba_command("buffer", "--port", str(bport)),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(work / "buffer.log").open("w"),

@@ -18,11 +18,12 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tba.cli import tba_command
 
 
 @dataclass(frozen=True)
@@ -38,39 +39,23 @@ class Arm:
     env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
 
     def command(self, seed: int, minutes: float, run_dir: Path, eval_prompts: int, keep_evaluated: bool) -> list[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "tba.cli",
+        return tba_command(
             "up",
-            "--no-console",
-            "--no-report",
-            "--searchers",
-            str(self.searchers),
-            "--minutes",
-            str(minutes),
-            "--run-dir",
-            str(run_dir),
-            "--task",
-            self.task,
-            "--mode",
-            self.mode,
-            "--loss",
-            self.loss,
-            "--seed",
-            str(seed),
-            "--eval-prompts",
-            str(eval_prompts),
-        ]
-        if keep_evaluated:
-            cmd.append("--keep-evaluated")
-        if self.base_model is not None:
-            cmd += ["--base-model", self.base_model]
-        if self.trainer_cpus is not None:
-            cmd += ["--trainer-cpus", self.trainer_cpus]
-        if self.searcher_cpus is not None:
-            cmd += ["--searcher-cpus", self.searcher_cpus]
-        return cmd
+            no_console=True,
+            no_report=True,
+            searchers=self.searchers,
+            minutes=minutes,
+            run_dir=run_dir,
+            task=self.task,
+            mode=self.mode,
+            loss=self.loss,
+            seed=seed,
+            eval_prompts=eval_prompts,
+            keep_evaluated=keep_evaluated,
+            base_model=self.base_model,
+            trainer_cpus=self.trainer_cpus,
+            searcher_cpus=self.searcher_cpus,
+        )
 
 
 def parse_args(argv: list[str] | None, name: str, doc: str | None, minutes: float = 10.0) -> argparse.Namespace:

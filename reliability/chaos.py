@@ -78,6 +78,7 @@ from reliability.procs import alive, cmdline, descendants, guarded_service, runn
 from reliability.report import finish, table
 from reliability.services import ROOT, RedisProcess
 from tba.checkpoints import CheckpointError, CheckpointStore, parse_manifest
+from tba.cli import tba_command
 from tba.codec import unpack
 from tba.keys import STREAM_FIELD, Keys
 from tba.redis_client import sync_client
@@ -315,25 +316,16 @@ class System:
             # trainer, cut off from its samples, publishes nothing, and the searchers generate (and spill) anyway.
             "TBA_PACE_MAX_WAIT_SECONDS": "10",
         }
-        cmd = [
-            sys.executable,
-            "-m",
-            "tba.cli",
+        cmd = tba_command(
             "up",
-            "--no-console",
-            "--searchers",
-            str(self.config.searchers),
-            "--minutes",
-            str(self.config.minutes),
-            "--run-dir",
-            str(self.run_dir),
-            "--base-model",
-            str(base_model),
-            "--eval-every",
-            str(self.config.eval_every),
-            "--eval-prompts",
-            str(self.config.eval_prompts),
-        ]
+            no_console=True,
+            searchers=self.config.searchers,
+            minutes=self.config.minutes,
+            run_dir=self.run_dir,
+            base_model=base_model,
+            eval_every=self.config.eval_every,
+            eval_prompts=self.config.eval_prompts,
+        )
         with (self.run_dir / "up.log").open("wb") as out:  # tba up's own lines
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.t0 = time.time()

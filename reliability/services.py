@@ -14,13 +14,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from tba.cli import tba_command
 from tba.health import free_port
+from tba.redis_client import server_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,20 +57,7 @@ class RedisProcess:
             [
                 self.binary,
                 "-",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.data_dir),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--maxmemory-policy",
-                "noeviction",
-                "--save",
-                "",
+                *server_args(self.port, self.data_dir),
                 "--daemonize",
                 "no",
                 "--logfile",
@@ -135,7 +123,7 @@ class BufferProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tba.cli", "buffer"],
+                tba_command("buffer"),
                 cwd=ROOT,
                 env=self.env,
                 stdout=out,

@@ -253,6 +253,7 @@ class LocalRun:
         return env
 
     def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:
+        from tba.redis_client import server_args
         from tba.supervisor import Child
 
         tba = [sys.executable, "-m", "tba.cli"]
@@ -264,20 +265,7 @@ class LocalRun:
                 "redis",
                 [
                     shutil.which("redis-server") or "redis-server",
-                    "--port",
-                    str(redis_port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    str(self.run_dir / "redis"),
-                    "--appendonly",
-                    "yes",
-                    "--appendfsync",
-                    "everysec",
-                    "--maxmemory-policy",
-                    "noeviction",
-                    "--save",
-                    "",
+                    *server_args(redis_port, self.run_dir / "redis"),
                 ],
                 dict(os.environ),
                 self.logs / "redis.log",

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tba.health import free_port
+from tba.redis_client import server_args
 
 
 class RedisServer:
@@ -42,20 +43,7 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.data_dir),
-            "--save",
-            "",
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-            "--appendfsync",
-            "everysec",
-            "--maxmemory-policy",
-            "noeviction",
+            *server_args(self.port, self.data_dir, appendonly=self.appendonly),
             "--daemonize",
             "no",
             "--logfile",

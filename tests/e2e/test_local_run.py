@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from reliability.procs import running_with
+from tba.cli import tba_command
 from tests.prometheus import Prometheus, dashboard_expressions, metric_names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
@@ -39,29 +39,18 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> Iterator[d
         "TBA_CHECKPOINT_GRACE_SECONDS": "5",
         "TBA_KEEP_CHECKPOINTS": "3",
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "tba.cli",
+    cmd = tba_command(
         "up",
-        "--no-console",
-        "--searchers",
-        "2",
-        "--minutes",
-        str(MINUTES),
-        "--max-steps",
-        str(STEPS),
-        "--run-dir",
-        str(run_dir),
-        "--base-model",
-        str(sft_model),
-        "--eval-every",
-        "20",
-        "--eval-prompts",
-        "100",
-        "--wandb",
-        "offline",
-    ]
+        no_console=True,
+        searchers=2,
+        minutes=MINUTES,
+        max_steps=STEPS,
+        run_dir=run_dir,
+        base_model=sft_model,
+        eval_every=20,
+        eval_prompts=100,
+        wandb="offline",
+    )
     started = time.time()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         prometheus = None

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from reliability.procs import alive, cmdline, descendants, guarded_service, running_with, wait_while_running
+from tba.cli import tba_command
 from tba.supervisor import GRACE_SECONDS
 from tba.up import SUMMARY_EVERY_SECONDS
 
@@ -57,26 +57,17 @@ def ready(url: str) -> bool:
 def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft_model: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "up.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "tba.cli",
+    cmd = tba_command(
         "up",
-        "--no-console",
-        "--no-report",
-        "--searchers",
-        "1",
-        "--minutes",
-        "10",
-        "--run-dir",
-        str(run_dir),
-        "--base-model",
-        str(sft_model),
-        "--eval-every",
-        "600",
-        "--eval-prompts",
-        "20",
-    ]
+        no_console=True,
+        no_report=True,
+        searchers=1,
+        minutes=10,
+        run_dir=run_dir,
+        base_model=sft_model,
+        eval_every=600,
+        eval_prompts=20,
+    )
     with log.open("wb") as out:
         up = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:

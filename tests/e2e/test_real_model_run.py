@@ -18,12 +18,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tba.cli import tba_command
 from tba.health import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
@@ -53,27 +53,17 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> dict:
         "TBA_CHECKPOINT_GRACE_SECONDS": "600",
         "TBA_LR": "1e-3",  # large for a smoke run: each version's log-probs move well past the kernels' noise
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "tba.cli",
+    cmd = tba_command(
         "up",
-        "--no-console",
-        "--searchers",
-        "1",
-        "--minutes",
-        str(MINUTES),
-        "--max-steps",
-        str(STEPS),
-        "--run-dir",
-        str(run_dir),
-        "--base-model",
-        "smollm2-135m-instruct",
-        "--eval-every",
-        "100000",
-        "--eval-prompts",
-        "4",
-    ]
+        no_console=True,
+        searchers=1,
+        minutes=MINUTES,
+        max_steps=STEPS,
+        run_dir=run_dir,
+        base_model="smollm2-135m-instruct",
+        eval_every=100000,
+        eval_prompts=4,
+    )
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MINUTES * 60 + 300)
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return {"dir": run_dir, "summary": json.loads((run_dir / "summary.json").read_text())}
@@ -97,9 +87,7 @@ def served(run: dict, tmp_path_factory: pytest.TempPathFactory):
         "TBA_INGEST_ENABLED": "false",
         "TBA_PORT": str(port),
     }
-    buffer = subprocess.Popen(
-        [sys.executable, "-m", "tba.cli", "buffer"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    buffer = subprocess.Popen(tba_command("buffer"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = BufferClient(f"http://127.0.0.1:{port}", auth_token=TOKEN, timeout=10)
     try:
         assert client.stats()["samples"] > 0  # retried until the buffer answers

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tba.cli import tba_command
 from tests.e2e.test_local_run import test_nothing_left_running as _nothing_left_running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
@@ -26,30 +26,19 @@ STEPS = 6
 def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
     run_dir = tmp_path_factory.mktemp("sharded") / "run"
     env = {**os.environ, "TBA_CHECKPOINT_EVERY": "2", "TBA_WARMUP_SAMPLES": "32", "TBA_CHECKPOINT_GRACE_SECONDS": "5"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "tba.cli",
+    cmd = tba_command(
         "up",
-        "--no-console",
-        "--searchers",
-        "1",
-        "--trainer-procs",
-        "2",
-        "--minutes",
-        "8",
-        "--max-steps",
-        str(STEPS),
-        "--run-dir",
-        str(run_dir),
-        "--base-model",
-        str(sft_model),
-        "--eval-every",
-        "30",
-        "--eval-prompts",
-        "50",
-        "--no-report",
-    ]
+        no_console=True,
+        searchers=1,
+        trainer_procs=2,
+        minutes=8,
+        max_steps=STEPS,
+        run_dir=run_dir,
+        base_model=sft_model,
+        eval_every=30,
+        eval_prompts=50,
+        no_report=True,
+    )
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=8 * 60 + 240)
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return {"dir": run_dir, "summary": json.loads((run_dir / "summary.json").read_text())}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from redis.cluster import RedisCluster as SyncCluster
 from services.buffer.ingest import Ingestor
 from services.buffer.sampler import Sampler
 from services.buffer.store import BufferStore
+from tba.cli import tba_command
 from tba.codec import encode
 from tba.health import free_port
 from tba.keys import STREAM_FIELD, Keys
@@ -97,9 +97,7 @@ def test_the_buffer_service_runs_on_a_cluster(cluster, tmp_path) -> None:
         "TBA_AUTH_TOKEN": "t0ken",
     }
     log = tmp_path / "buffer.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tba.cli", "buffer"], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
-    )
+    proc = subprocess.Popen(tba_command("buffer"), cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer t0ken"}
     try:
         deadline = time.monotonic() + 30

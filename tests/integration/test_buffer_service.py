@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tba.cli import tba_command
 from tba.codec import encode
 from tba.keys import STREAM_FIELD, Keys
 from tests.conftest import free_port
@@ -31,7 +31,7 @@ def start_buffer(redis_url: str, consumer: str, log: Path, **env: str) -> tuple[
         **{f"TBA_{k.upper()}": v for k, v in env.items()},
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tba.cli", "buffer"],
+        tba_command("buffer"),
         cwd=ROOT,
         env=full_env,
         stdout=log.open("w"),
@@ -112,7 +112,7 @@ def test_killed_between_read_and_ack_loses_nothing_and_duplicates_nothing(redis_
 
 def test_bad_settings_stop_the_service_with_a_message_naming_the_variable(redis_server) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "tba.cli", "buffer", "--per-prompt-capacity", "zero"],
+        tba_command("buffer", "--per-prompt-capacity", "zero"),
         cwd=ROOT,
         capture_output=True,
         text=True,

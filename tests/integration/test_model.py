@@ -4,12 +4,12 @@ decode it token for token alike (one engine for the module; the SFT weights are 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tba.cli import tba_command
 from tba.evaluate import load_model
 from tba.model.generate import generate
 from tba.model.logprobs import sequence_logprobs
@@ -47,21 +47,7 @@ def test_loads_with_auto_classes(tiny_model: Path) -> None:
 def test_cli_init_writes_a_loadable_model(tmp_path: Path) -> None:
     out = tmp_path / "m"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tba.cli",
-            "model",
-            "init",
-            "--out",
-            str(out),
-            "--hidden-size",
-            "128",
-            "--layers",
-            "2",
-            "--seed",
-            "3",
-        ],
+        tba_command("model", "init", out=out, hidden_size=128, layers=2, seed=3),
         capture_output=True,
         text=True,
         timeout=300,

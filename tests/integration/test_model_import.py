@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tba.cli import tba_command
 from tba.model.importer import IMPORT_RECORD, ModelImportError, fetch, import_model, read_record
 
 
@@ -80,7 +80,7 @@ def test_a_tokenizer_without_eos_is_refused(tiny_model: Path, tmp_path: Path) ->
 
 
 def test_cli_prints_the_path_or_the_reason(tiny_model: Path, tmp_path: Path) -> None:
-    run = [sys.executable, "-m", "tba.cli", "model", "import"]
+    run = tba_command("model", "import")
     ok = subprocess.run(
         [*run, str(tiny_model), "--out", str(tmp_path / "m")], capture_output=True, text=True, timeout=300
     )

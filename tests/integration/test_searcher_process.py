@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from reliability.procs import alive, cmdline, descendants, wait_while_running
 from tba.checkpoints import CheckpointStore, announce
+from tba.cli import tba_command
 from tba.codec import decode
 from tba.keys import STREAM_FIELD, Keys
 from tba.model.tiny import init_model
@@ -65,7 +65,7 @@ def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> No
     log = tmp_path / "searcher.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tba.cli", "searcher"],
+            tba_command("searcher"),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from reliability.procs import descendants
 from services.trainer.checkpointing import load_state
 from services.trainer.loop import Trainer
 from tba.checkpoints import TMP_PREFIX, CheckpointStore, model_identity, parse_manifest
+from tba.cli import tba_command
 from tba.codec import encode
 from tba.keys import STREAM_FIELD, Keys
 from tba.model.adapters import is_adapter
@@ -138,7 +138,7 @@ class BufferProcess:
             **self.env,
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tba.cli", "buffer", "--port", str(self.port)],
+            tba_command("buffer", "--port", str(self.port)),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=self.log_path.open("a"),
@@ -398,9 +398,7 @@ def latest_version(store: CheckpointStore) -> int:
 
 
 def start_trainer(env: dict, log_path: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tba.cli", "trainer"], env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a")
-    )
+    return subprocess.Popen(tba_command("trainer"), env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a"))
 
 
 @pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora"])
@@ -534,7 +532,7 @@ def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_
     }
     log_path = tmp_path / "trainer.log"
     env["TBA_TRAINER_PROCS"] = "2"  # `tba trainer` runs itself under torchrun
-    cmd = [sys.executable, "-m", "tba.cli", "trainer"]
+    cmd = tba_command("trainer")
 
     def launch() -> subprocess.Popen:
         return subprocess.Popen(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.cli import COMMANDS, build_parser
+from tba.cli import COMMANDS, build_parser, tba_command
 
 HEAVY = ("torch", "transformers", "vllm")
 HELP_COMMANDS = [[], *[[c] for c in COMMANDS], ["model", "init"], ["model", "sft"]]
@@ -35,7 +35,7 @@ print(json.dumps(out))
 
 
 def run_tba(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tba.cli", *argv], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(tba_command(*argv), capture_output=True, text=True, timeout=timeout)
 
 
 def test_every_help_works_without_importing_ml_libraries() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reliability.procs import alive
+from tba.cli import tba_command
 from tba.supervisor import Child, Supervisor
 
 # A service that starts a helper in its own process group, as a searcher starts vLLM's engine core. The helper
@@ -166,9 +167,7 @@ def test_a_bad_cpu_list_is_refused_by_name() -> None:
         timeout=30,
     )
     assert bad.returncode == 2 and "--cpus '0-x'" in bad.stderr and "not a CPU id or range" in bad.stderr
-    up = subprocess.run(
-        [sys.executable, "-m", "tba.cli", "up", "--trainer-cpus", "4096"], capture_output=True, text=True, timeout=60
-    )
+    up = subprocess.run(tba_command("up", "--trainer-cpus", "4096"), capture_output=True, text=True, timeout=60)
     assert up.returncode == 2 and "--trainer-cpus='4096': CPUs [4096] are not among this machine's" in up.stderr
 
 

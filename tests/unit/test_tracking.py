@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tba.cli import tba_command
 from tba.tracking import Tracker
 
 
@@ -61,5 +62,5 @@ def test_wandb_asked_for_but_not_installed_says_what_to_install(monkeypatch: pyt
 
 def test_tba_up_refuses_a_bad_wandb_mode_by_name() -> None:
     env = {**os.environ, "TBA_WANDB": "sometimes"}
-    up = subprocess.run([sys.executable, "-m", "tba.cli", "up"], capture_output=True, text=True, timeout=60, env=env)
+    up = subprocess.run(tba_command("up"), capture_output=True, text=True, timeout=60, env=env)
     assert up.returncode == 2 and "TBA_WANDB must be off, offline or online, got 'sometimes'" in up.stderr
