@@ -70,24 +70,12 @@ MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 4, 
 def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
     import redis
 
-    from tba.redis_client import sync_client
+    from tba.redis_client import server_args, sync_client
 
     port = free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(data_dir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
+        ["redis-server", *server_args(port, data_dir, appendonly=False)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
