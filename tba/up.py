@@ -253,10 +253,10 @@ class LocalRun:
         return env
 
     def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:
+        from tba.cli import tba_command
         from tba.redis_client import server_args
         from tba.supervisor import Child
 
-        tba = [sys.executable, "-m", "tba.cli"]
         redis_port, buffer_port = free_port(), free_port()
         redis_url = self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
         (self.run_dir / "redis").mkdir(exist_ok=True)
@@ -276,7 +276,7 @@ class LocalRun:
         buffer = self.sup.add(
             Child(
                 "buffer",
-                [*tba, "buffer", "--host", "127.0.0.1", "--port", str(buffer_port)],
+                tba_command("buffer", host="127.0.0.1", port=buffer_port),
                 env,
                 self.logs / "buffer.log",
             )
@@ -307,7 +307,9 @@ class LocalRun:
         trainer_env.setdefault("TBA_LR_DECAY_FRACTION", "0.5")
         trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
         self.sup.add(
-            Child("trainer", [*tba, "trainer"], trainer_env, self.logs / "trainer.log", cpus=self.args.trainer_cpus)
+            Child(
+                "trainer", tba_command("trainer"), trainer_env, self.logs / "trainer.log", cpus=self.args.trainer_cpus
+            )
         )
         for i in range(self.args.searchers):
             name, port = f"searcher-{i}", free_port()
@@ -328,7 +330,7 @@ class LocalRun:
             cpus = self.args.searcher_cpus or list(range(os.cpu_count() or 1))
             s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[i % len(cpus)]))
             self.sup.add(
-                Child(name, [*tba, "searcher"], s_env, self.logs / f"{name}.log", cpus=self.args.searcher_cpus)
+                Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=self.args.searcher_cpus)
             )
         return buffer_url, status_urls
 
