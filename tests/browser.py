@@ -65,4 +65,4 @@ def render(page: Path, screenshot: Path, width: int = 1280, height: int = 3000) 
 
 def colourful_pixels(image: Image.Image, spread: int = 60) -> int:
     """Pixels of a clear colour (data lines, markers, bands), not the white, grey and black of axes and text."""
-    return sum(1 for r, g, b in image.getdata() if max(r, g, b) - min(r, g, b) > spread)
+    return sum(1 for r, g, b in image.get_flattened_data() if max(r, g, b) - min(r, g, b) > spread)
