@@ -401,6 +401,31 @@ def start_trainer(env: dict, log_path: Path) -> subprocess.Popen:
     return subprocess.Popen(tba_command("trainer"), env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("a"))
 
 
+def trainer_process_env(
+    redis_server, buffer, model, ckpt: Path, metrics_file: Path, **overrides: str
+) -> dict[str, str]:
+    """The environment of a `tba trainer` process against the test's Redis and buffer: small steps, a
+    checkpoint every 2, fast polling; ``overrides`` are further TBA_ variables."""
+    return {
+        **os.environ,
+        "TBA_REDIS_URL": redis_server.url,
+        "TBA_NAMESPACE": NS,
+        "TBA_BUFFER_URL": buffer.url,
+        "TBA_MODEL": str(model),
+        "TBA_CHECKPOINT_DIR": str(ckpt),
+        "TBA_MAX_STEPS": "1000",
+        "TBA_CHECKPOINT_EVERY": "2",
+        "TBA_CHECKPOINT_GRACE_SECONDS": "0",
+        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4",
+        "TBA_WARMUP_SAMPLES": "24",
+        "TBA_TORCH_THREADS": "1",
+        "TBA_POLL_SECONDS": "0.05",
+        "TBA_LR": "1e-3",
+        "TBA_METRICS_FILE": str(metrics_file),
+        **overrides,
+    }
+
+
 @pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora"])
 def test_kill_9_then_sigterm_resumes_without_reusing_versions(
     redis_server, buffer, tiny_model, tmp_path, group_pool, lora_rank
@@ -412,26 +437,16 @@ def test_kill_9_then_sigterm_resumes_without_reusing_versions(
     publish_groups(redis_server.client(), group_pool, version=0)
     ckpt, metrics_file = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     store = CheckpointStore(ckpt)
-    env = {
-        **os.environ,
-        "TBA_REDIS_URL": redis_server.url,
-        "TBA_NAMESPACE": NS,
-        "TBA_BUFFER_URL": buffer.url,
-        "TBA_MODEL": str(tiny_model),
-        "TBA_CHECKPOINT_DIR": str(ckpt),
-        "TBA_MAX_STEPS": "1000",
-        "TBA_CHECKPOINT_EVERY": "2",
-        "TBA_KEEP_CHECKPOINTS": "3",
-        "TBA_CHECKPOINT_GRACE_SECONDS": "0",
-        "TBA_PROMPTS_PER_STEP": "2",
-        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4",
-        "TBA_WARMUP_SAMPLES": "24",
-        "TBA_TORCH_THREADS": "1",
-        "TBA_POLL_SECONDS": "0.05",
-        "TBA_LR": "1e-3",
-        "TBA_METRICS_FILE": str(metrics_file),
-        "TBA_LORA_RANK": str(lora_rank),
-    }
+    env = trainer_process_env(
+        redis_server,
+        buffer,
+        tiny_model,
+        ckpt,
+        metrics_file,
+        TBA_KEEP_CHECKPOINTS="3",
+        TBA_PROMPTS_PER_STEP="2",
+        TBA_LORA_RANK=str(lora_rank),
+    )
     announcements = Announcements(redis_server.client())
     log_path = tmp_path / "trainer.log"
 
@@ -512,24 +527,9 @@ def test_a_two_rank_trainer_publishes_full_checkpoints_and_resumes_after_a_rank_
     publish_groups(redis_server.client(), group_pool, version=0)
     ckpt = tmp_path / "ckpt"
     store = CheckpointStore(ckpt)
-    env = {
-        **os.environ,
-        "TBA_REDIS_URL": redis_server.url,
-        "TBA_NAMESPACE": NS,
-        "TBA_BUFFER_URL": buffer.url,
-        "TBA_MODEL": str(tiny_model),
-        "TBA_CHECKPOINT_DIR": str(ckpt),
-        "TBA_MAX_STEPS": "1000",
-        "TBA_CHECKPOINT_EVERY": "2",
-        "TBA_CHECKPOINT_GRACE_SECONDS": "0",
-        "TBA_PROMPTS_PER_STEP": "3",
-        "TBA_TRAIN_SAMPLES_PER_PROMPT": "4",
-        "TBA_WARMUP_SAMPLES": "24",
-        "TBA_TORCH_THREADS": "1",
-        "TBA_POLL_SECONDS": "0.05",
-        "TBA_LR": "1e-3",
-        "TBA_METRICS_FILE": str(tmp_path / "metrics.jsonl"),
-    }
+    env = trainer_process_env(
+        redis_server, buffer, tiny_model, ckpt, tmp_path / "metrics.jsonl", TBA_PROMPTS_PER_STEP="3"
+    )
     log_path = tmp_path / "trainer.log"
     env["TBA_TRAINER_PROCS"] = "2"  # `tba trainer` runs itself under torchrun
     cmd = tba_command("trainer")
