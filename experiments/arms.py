@@ -37,6 +37,7 @@ class Arm:
     searcher_cpus: str | None = None  # tba up --searcher-cpus
     base_model: str | None = None  # tba up --base-model (default: the task's own SFT base)
     env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
+    eval_every: float | None = None  # tba up --eval-every (default: its own, 30 s)
 
     def command(self, seed: int, minutes: float, run_dir: Path, eval_prompts: int, keep_evaluated: bool) -> list[str]:
         return tba_command(
@@ -55,18 +56,28 @@ class Arm:
             base_model=self.base_model,
             trainer_cpus=self.trainer_cpus,
             searcher_cpus=self.searcher_cpus,
+            eval_every=self.eval_every,
         )
 
 
-def parse_args(argv: list[str] | None, name: str, doc: str | None, minutes: float = 10.0) -> argparse.Namespace:
-    """The options every experiment takes: seeds, budget per run, where runs and results go."""
+def parse_args(
+    argv: list[str] | None, name: str, doc: str | None, minutes: float | list[float] = 10.0
+) -> argparse.Namespace:
+    """The options every experiment takes: seeds, budget per run (several budgets where ``minutes`` is a list),
+    where runs and results go."""
     parser = argparse.ArgumentParser(
         prog=f"python -m experiments.{name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", type=int, default=3, help="Seeds per arm (default 3).")
-    parser.add_argument(
-        "--minutes", type=float, default=minutes, help=f"Wall-clock budget of each run (default {minutes:g})."
-    )
+    if isinstance(minutes, list):
+        shown = " ".join(f"{m:g}" for m in minutes)
+        parser.add_argument(
+            "--minutes", type=float, nargs="+", default=minutes, help=f"Budgets of the runs (default {shown})."
+        )
+    else:
+        parser.add_argument(
+            "--minutes", type=float, default=minutes, help=f"Wall-clock budget of each run (default {minutes:g})."
+        )
     parser.add_argument("--out", type=Path, default=Path("runs/experiments") / name, help="Run directories.")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
     return parser.parse_args(argv)
@@ -113,7 +124,8 @@ def run_arm(
         )
     summary = json.loads(summary_path.read_text())
     summary["cpu_busy"] = busy_fractions(before, cpu_times())
-    summary["arm"], summary["seed"], summary["started_at"], summary["minutes"] = arm.name, seed, started, minutes
+    summary["arm"], summary["seed"], summary["minutes"] = arm.name, seed, minutes
+    summary.setdefault("started_at", started)
     summary_path.write_text(json.dumps(summary, indent=1))
     return summary
 

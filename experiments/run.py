@@ -1,7 +1,7 @@
 """``make experiment``: the paper's three claims measured on this machine, one experiment after the other.
 
-1. decoupling (experiments/decoupling.py): async TB against exactly on-policy sync TB, search and
-   training on separate cores; time to 50/60/70 % held-out accuracy (~66 min at 3 seeds x 10 min);
+1. decoupling (experiments/decoupling.py): bounded async TB against exactly on-policy sync TB, search and
+   training on separate cores; time to 50/60/70/80 % held-out accuracy (~100 min at 3 seeds x 5 and 10 min);
 2. diversity (experiments/diversity.py): async TB against on-policy GRPO on a task with many correct
    answers per prompt; distinct correct answers at the end and at matched accuracy (~45 min at 3 seeds x 5 min);
 3. redteam (experiments/redteam.py): a sparse reward from a learned judge; successes and distinct

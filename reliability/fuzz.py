@@ -54,6 +54,9 @@ from tba.redis_client import sync_client
 # The buffer's size limit during the run: small enough that the oversized poison entries (and any
 # body schemathesis generates past it) stay cheap to hold in Redis, well above any valid message here.
 MAX_PAYLOAD_BYTES = 1 << 20
+# The longest the buffer holds a sample request it cannot serve (its max_sample_wait_seconds): a fuzzed
+# request asking for a minute's long-poll would otherwise hold the fuzzer a minute without testing more.
+MAX_FUZZ_WAIT_SECONDS = 0.2
 
 
 # --- 1. schemathesis against the OpenAPI document ---
@@ -532,6 +535,7 @@ def fuzz(
         consumer_name="fuzz",
         max_payload_bytes=MAX_PAYLOAD_BYTES,
         ingest_block_ms=50,
+        max_sample_wait_seconds=MAX_FUZZ_WAIT_SECONDS,
     ).start()
     try:
         # Poison first, on an empty dead-letter stream; schemathesis may add valid groups of its own after.

@@ -184,7 +184,11 @@ def _trainer_panel(snap: Snapshot) -> Panel:
             ("KL", _fmt(tr.get("kl"), ".3g")),
             ("lr", _fmt(tr.get("lr"), ".2e")),
             ("staleness", f"{_fmt(tr.get('staleness_mean'), '.1f')} versions"),
-            ("wait", f"{_fmt(tr.get('wait_s'), '.2f')} s"),
+            ("reuse", f"{_fmt(tr.get('reuse'), '.2f')} per sample generated"),
+            (
+                "wait",
+                f"{_fmt(tr.get('wait_s'), '.2f')} s" + (f"  for {tr['waiting_for']}" if tr.get("waiting_for") else ""),
+            ),
         ]
     )
     return Panel(body, title=Text.assemble("trainer  ", _state(tr)), title_align="left")

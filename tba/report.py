@@ -99,6 +99,7 @@ def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
         "restarts": {c.name: c.restarts for c in run.sup.children if c.restarts},
         "events": run.sup.events,
         "wall_seconds": round(time.time() - run.t0, 1),
+        "started_at": run.t0,  # Unix time of the run's start: the zero of every ``t`` above
     }
 
 

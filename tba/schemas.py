@@ -127,6 +127,8 @@ MAX_VERSION = 2**21 - 1
 # A batch is at most 512 x 128 = 65,536 samples: an answer the buffer builds in memory and sends whole.
 MAX_PROMPTS_PER_BATCH, MAX_SAMPLES_PER_PROMPT = 512, 128
 INT64 = 2**63  # seeds: what msgpack and numpy carry
+MAX_COUNTER = 2**53  # counters compared on the wire: exact in a double (Lua, JSON) as in an int64
+MAX_SAMPLE_WAIT_SECONDS = 60.0  # a long-poll shorter than any sane HTTP timeout
 
 
 class ScoredGroup(_Versioned):
@@ -161,6 +163,11 @@ class SampleRequest(_Strict):
     samples_per_prompt: Int = Field(ge=1, le=MAX_SAMPLES_PER_PROMPT, description="K: samples per prompt.")
     recency_prob: float = Field(0.5, ge=0.0, le=1.0, description="m: probability of the recency branch per slot.")
     reward_inv_temp: float = Field(0.0, ge=0.0, le=1e6, description="Inverse temperature of the reward softmax.")
+    recency_draw: Literal["distinct", "as_generated"] = Field(
+        "distinct",
+        description="How the recency branch draws a prompt's K samples: uniformly among its distinct "
+        "completions, or as generated (a completion generated c times counts c times).",
+    )
     trainer_version: Int = Field(ge=0, le=MAX_VERSION, description="The caller's policy version, to compute staleness.")
     recent_versions: Int = Field(
         1, ge=1, le=MAX_VERSION, description="Versions counted as 'since the last sync' (recency)."
@@ -172,6 +179,19 @@ class SampleRequest(_Strict):
         None,
         description="Serve only samples of this exact version, drawn as generated "
         "(duplicates with their multiplicity): sync mode's on-policy draw.",
+    )
+    min_samples_generated: Annotated[int, Field(ge=0, le=MAX_COUNTER), _INTEGRAL] | None = Field(
+        None,
+        description="Serve only once the buffer has taken in at least this many generated samples "
+        "(duplicates included): the trainer's bound on samples consumed per sample generated.",
+    )
+    wait_seconds: float = Field(
+        0.0,
+        ge=0.0,
+        le=MAX_SAMPLE_WAIT_SECONDS,
+        allow_inf_nan=False,
+        description="Long-poll: hold the request up to this long while the batch cannot be served yet, "
+        "answering as soon as the samples it needs arrive (0: answer 409 at once).",
     )
     seed: Annotated[int, Field(ge=-INT64, lt=INT64), _INTEGRAL] | None = Field(
         None, description="Seed for a reproducible draw (tests)."
@@ -208,6 +228,9 @@ class SampledBatch(_Versioned):
 
     trainer_version: int
     groups: list[SampledGroup]
+    samples_generated: int | None = Field(
+        None, description="Generated samples the buffer had taken in when it drew the batch (duplicates included)."
+    )
 
 
 class CheckpointManifest(_Versioned):

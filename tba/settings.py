@@ -26,6 +26,9 @@ from pydantic_settings import SettingsError as SourceError
 from tba.model.adapters import DEFAULT_TARGETS
 
 ENV_PREFIX = "TBA_"
+# Bounded asynchrony's defaults, chosen by measurement (docs/results/decoupling.md).
+DEFAULT_MAX_STALENESS: int | None = 8
+DEFAULT_MAX_REUSE: float | None = 1.0
 S = TypeVar("S", bound="CommonSettings")
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,12 @@ class BufferSettings(CommonSettings):
         "capacities; a group resent later than this (a searcher's spill replayed after a longer "
         "outage) is stored again.",
     )
+    max_sample_wait_seconds: float = Field(
+        30.0,
+        ge=0.0,
+        le=60.0,
+        description="Longest the buffer holds a sample request open (long-poll), whatever the request asks.",
+    )
     dead_letter_maxlen: int = Field(100_000, ge=1, description="Dead-letter stream length kept (oldest trimmed).")
     dead_letter_payload_bytes: int = Field(65_536, ge=0, description="Bytes of a bad payload kept in its dead letter.")
 
@@ -139,7 +148,25 @@ class TrainerSettings(ModelSettings):
     )
     recency_prob: float = Field(0.95, ge=0.0, le=1.0, description="m: probability of the recency branch.")
     reward_inv_temp: float = Field(0.0, ge=0.0, description="Inverse temperature of the reward branch.")
-    max_staleness: int | None = Field(None, ge=0, description="Ignore samples older than this many versions.")
+    recency_draw: Literal["distinct", "as_generated"] = Field(
+        "as_generated",
+        description="How the recency branch draws a prompt's K samples: uniformly among its distinct completions, "
+        "or as generated (a completion generated c times counts c times, as the policy's own distribution).",
+    )
+    max_staleness: int | None = Field(
+        DEFAULT_MAX_STALENESS,
+        ge=0,
+        le=2**21 - 1,
+        description="Staleness bound (async mode): train only on samples at most this many versions older than "
+        "the trainer's policy, waiting for fresh ones when too few are left (off: no bound).",
+    )
+    max_reuse: float | None = Field(
+        DEFAULT_MAX_REUSE,
+        gt=0.0,
+        le=1e6,
+        description="Reuse bound (async mode): samples trained on per sample generated, the update-to-data "
+        "ratio; the trainer waits for the searchers when it would exceed it (off: no bound).",
+    )
     recent_versions: int | None = Field(
         None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k)."
     )
@@ -187,7 +214,14 @@ class TrainerSettings(ModelSettings):
         description="Stop after this many seconds of running, warm-up included and summed over "
         "restarts (unset: no limit). LR schedules decay towards the nearer limit.",
     )
-    poll_seconds: float = Field(0.5, gt=0.0, le=60.0, description="Wait between checks while the buffer lacks data.")
+    poll_seconds: float = Field(0.5, gt=0.0, le=60.0, description="Wait between checks of the warm-up.")
+    sample_wait_seconds: float = Field(
+        2.0,
+        ge=0.0,
+        le=60.0,
+        description="Longest the buffer holds one sample request open while its batch cannot be served yet "
+        "(a long-poll: it answers as soon as the samples arrive).",
+    )
     request_timeout: float = Field(30.0, gt=0.0, description="Timeout of one buffer HTTP request in seconds.")
     metrics_file: Path | None = Field(None, description="Append one JSON line of metrics per step to this file.")
     tensorboard_dir: Path | None = Field(
@@ -214,6 +248,12 @@ class TrainerSettings(ModelSettings):
         default_factory=lambda: list(DEFAULT_TARGETS),
         description="Module names (JSON list) that get adapters; the default is every attention and MLP projection.",
     )
+
+    @field_validator("max_staleness", "max_reuse", mode="before")
+    @classmethod
+    def _bound_off(cls, v: Any) -> Any:
+        """A bound with a default is switched off by name: ``TBA_MAX_STALENESS=off`` (or ``none``)."""
+        return None if isinstance(v, str) and v.strip().lower() in ("off", "none") else v
 
     @model_validator(mode="after")
     def _trainer_cross_checks(self) -> TrainerSettings:

@@ -320,6 +320,11 @@ class LocalRun:
                 "TBA_METRICS_PORT": str(port),
                 "TBA_SPILL_DIR": str(self.run_dir / "spill" / name),
             }
+            # Fresh samples: what a searcher generates reaches the buffer one batch later, so the batch is the
+            # staleness every sample starts with. Small batches, scored at once (not behind generation), keep
+            # it at a few versions on a CPU core (docs/results/decoupling.md).
+            s_env.setdefault("TBA_PROMPTS_PER_BATCH", "8")
+            s_env.setdefault("TBA_REF_NICE", "0")
             if not self._separate_cores():
                 # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
                 # its cycles (and fills the buffer with duplicates). One batch per policy version each. On

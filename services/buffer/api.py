@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from services.buffer.auth import require_token
 from services.buffer.errors import ApiError, ErrorResponse
 from services.buffer.protocol import parse_body, respond
-from services.buffer.sampler import BufferChanging, NotEnoughPrompts
+from services.buffer.sampler import BufferChanging, NotEnoughGenerated, NotEnoughPrompts
 from services.buffer.store import WriteResult
 from tba.codec import JSON_MEDIA_TYPE, MSGPACK_MEDIA_TYPE, PayloadError
 from tba.schemas import SampledBatch, SampleRequest, ScoredGroup
@@ -74,7 +74,11 @@ async def _check_objective(request: Request, temperature: float | None, referenc
     response_model=SampledBatch,
     responses={
         **_ERRORS,
-        409: {"model": ErrorResponse, "description": "Not enough eligible prompts yet, or another objective"},
+        409: {
+            "model": ErrorResponse,
+            "description": "Not enough eligible prompts yet (not_enough_samples), fewer generated samples than "
+            "min_samples_generated (reuse_bound), or another objective (objective_mismatch)",
+        },
         200: {"description": "The batch: msgpack, or JSON when asked for", "content": {MSGPACK_MEDIA_TYPE: _BINARY}},
     },
     openapi_extra=_body_doc("SampleRequest"),
@@ -90,6 +94,8 @@ async def sample(request: Request) -> Response:
         batch = await state.sampler.sample(req)
     except NotEnoughPrompts as err:
         raise ApiError(409, "not_enough_samples", str(err)) from None
+    except NotEnoughGenerated as err:
+        raise ApiError(409, "reuse_bound", str(err)) from None
     except BufferChanging as err:
         raise ApiError(503, "buffer_changing", str(err), {"Retry-After": "1"}) from None
     state.metrics.sample_seconds.observe(time.perf_counter() - t0)

@@ -10,7 +10,12 @@ once per batch. Samples are drawn without replacement when the prompt has at lea
 K candidates (for the reward branch, sequentially in proportion to the weights,
 i.e. Plackett-Luce via Gumbel top-K, so the first draw is exactly the softmax),
 i.i.d. with replacement otherwise. ``max_staleness`` drops samples older than
-``trainer_version - max_staleness``.
+``trainer_version - max_staleness``. ``recency_draw="as_generated"`` draws the recency branch's K
+samples as the on-policy draw below does.
+
+A request that cannot be served yet (too few eligible prompts, or fewer generated samples than its
+``min_samples_generated``) waits up to ``wait_seconds`` (a long-poll): each write of new samples
+(:class:`services.buffer.store.Arrivals`) wakes it to try again.
 
 ``only_version`` (sync mode) is the on-policy draw instead: the batch's prompts are those
 holding samples of that version, and each prompt's K samples are drawn uniformly, without
@@ -29,12 +34,13 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from services.buffer.records import PromptView, prompt_view, served_batch, served_group
-from services.buffer.store import BufferStore
+from services.buffer.store import GENERATED_COUNTER, BufferStore
 from tba.schemas import SampleRequest
 
 RECENCY, REWARD, ON_POLICY = "recency", "reward", "on_policy"
@@ -42,6 +48,11 @@ RECENCY, REWARD, ON_POLICY = "recency", "reward", "on_policy"
 
 class NotEnoughPrompts(Exception):
     """Fewer eligible distinct prompts than asked: the caller should wait and retry (HTTP 409)."""
+
+
+class NotEnoughGenerated(Exception):
+    """The buffer has taken in fewer generated samples than ``min_samples_generated``: the trainer's reuse
+    bound binds; the caller should wait and retry (HTTP 409)."""
 
 
 class BufferChanging(Exception):
@@ -125,7 +136,28 @@ class Sampler:
 
     async def sample(self, req: SampleRequest) -> dict[str, Any]:
         """A batch by the rule, in the wire form of a :class:`tba.schemas.SampledBatch`; raises
-        NotEnoughPrompts / BufferChanging."""
+        NotEnoughPrompts / NotEnoughGenerated once ``req.wait_seconds`` (at most the buffer's
+        ``max_sample_wait_seconds``) have passed without the batch becoming possible (a long-poll: each
+        write of new samples wakes the request to try again), and BufferChanging."""
+        deadline = time.monotonic() + min(req.wait_seconds, self.store.settings.max_sample_wait_seconds)
+        while True:
+            try:
+                return await self.sample_now(req)
+            except (NotEnoughPrompts, NotEnoughGenerated):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await self.store.arrivals.wait(left)
+
+    async def sample_now(self, req: SampleRequest) -> dict[str, Any]:
+        """One try of :meth:`sample`, without waiting."""
+        if req.min_samples_generated is not None:
+            generated = await self.store.samples_generated()
+            if generated < req.min_samples_generated:
+                raise NotEnoughGenerated(
+                    f"the buffer has taken in {generated} generated samples, fewer than "
+                    f"min_samples_generated={req.min_samples_generated} (the trainer's reuse bound)"
+                )
         rng = random.Random(req.seed)
         for _ in range(self.attempts):
             batch = await self._attempt(req, rng)
@@ -149,10 +181,12 @@ class Sampler:
             if th.exact is not None:
                 branch = ON_POLICY
                 idx = choose_as_generated(rng, cand, view.copies, req.samples_per_prompt)
+            elif branch == RECENCY and req.recency_draw == "as_generated":
+                idx = choose_as_generated(rng, cand, view.copies, req.samples_per_prompt)
             else:
                 idx = choose_samples(rng, cand, view.rewards, req.samples_per_prompt, branch, req.reward_inv_temp)
             chosen.append((view, branch, idx))
-        records = await self._records(
+        records, generated = await self._records(
             [(v.prompt_id, [v.sample_ids[i] for i in idx]) for v, _, idx in chosen],
             served=req.num_prompts * req.samples_per_prompt,
         )
@@ -162,7 +196,7 @@ class Sampler:
             if len(present) < len(recs):  # evicted between the pick and this read: draw again
                 return None
             groups.append(served_group(view, branch, idx, present, req.trainer_version))
-        return served_batch(req.trainer_version, groups)
+        return served_batch(req.trainer_version, groups, generated)
 
     async def _pick(self, req: SampleRequest, recency_slots: int, uniforms: list[float]) -> Picked:
         """Draw the batch's prompts from the global indexes, then read each one atomically; raises
@@ -198,16 +232,20 @@ class Sampler:
             views=[prompt_view(p, r) for p, r in zip(prompts, read, strict=True)],
         )
 
-    async def _records(self, wanted: list[tuple[str, list[bytes]]], served: int) -> list[list[bytes | None]]:
-        """The chosen samples' records (None where one was evicted meanwhile), and the served counters,
-        in one round trip."""
+    async def _records(
+        self, wanted: list[tuple[str, list[bytes]]], served: int
+    ) -> tuple[list[list[bytes | None]], int]:
+        """The chosen samples' records (None where one was evicted meanwhile) and the generated samples taken
+        in so far; the served counters counted; in one round trip."""
         store = self.store
         pipe = store.redis.pipeline(transaction=False)
         for prompt_id, sample_ids in wanted:
             pipe.hmget(store.keys.prompt_key(prompt_id, "records"), sample_ids)
         pipe.hincrby(store.stats_key, "samples_served", served)
         pipe.hincrby(store.stats_key, "sample_requests", 1)
-        return (await pipe.execute())[:-2]
+        pipe.hget(store.stats_key, GENERATED_COUNTER)
+        *records, _served, _requests, generated = await pipe.execute()
+        return records, int(generated or 0)
 
 
 def _eligibility_note(req: SampleRequest, reward_low: float) -> str:

@@ -23,6 +23,8 @@ Redis Cluster. The keys are listed in docs/architecture.md §3; sampling reads t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -50,6 +52,8 @@ STAT_COUNTERS = (
     "samples_served",
     "sample_requests",
 )
+# Every generated sample taken in, duplicates included: what the trainer's reuse bound counts against.
+GENERATED_COUNTER = "samples_ingested"
 # Per-item answers of the global step (global_step.lua).
 APPLIED, RESENT, NOTHING_TO_DO = 0, 1, 2
 # Evictions planned per capacity check at most (each empties at least one prompt's oldest samples).
@@ -129,6 +133,30 @@ def group_intent(group: ScoredGroup, at: float) -> bytes:
     )
 
 
+class Arrivals:
+    """Wakes the sample requests that wait (long-poll) as soon as a write of this process stores samples.
+
+    Only this process's writes notify: a request also looks again every :data:`RECHECK_SECONDS` at most,
+    for samples that another buffer replica stored."""
+
+    RECHECK_SECONDS = 0.05
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.notified = 0
+
+    def notify(self) -> None:
+        self.notified += 1
+        self._event.set()
+        self._event = asyncio.Event()  # the next waiters wait for the next write
+
+    async def wait(self, timeout: float) -> None:
+        """Until the next write or ``min(timeout, RECHECK_SECONDS)``, whichever comes first."""
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), min(timeout, self.RECHECK_SECONDS))
+
+
 class BufferStore:
     """The buffer's writes and figures, over one client of a Redis or a Redis Cluster (the module tells how)."""
 
@@ -140,6 +168,7 @@ class BufferStore:
         self.global_prefix = self.keys.global_key("")
         self.stats_key = self.keys.global_key("stats")
         self.intents_key = self.keys.global_key("intents")
+        self.arrivals = Arrivals()
         self._objective: tuple[float, str] | None = None
 
     @property
@@ -233,6 +262,7 @@ class BufferStore:
         )
         item = _Item("group", group.group_id, token, "", group.prompt_id, n, _label(group), delta, fresh == 1)
         total, answer = await self._global_step([item], None, now)
+        self.arrivals.notify()
         evicted = await self.enforce_capacity(total)
         return self._result(answer, n, delta, evicted)
 
@@ -268,6 +298,7 @@ class BufferStore:
         out = list(steps)  # failures stay as they are; the rest become WriteResults below
         if applied:
             total, *answers = await self._global_step(list(applied.values()), where[0], now)
+            self.arrivals.notify()
             for (i, item), answer in zip(applied.items(), answers, strict=True):
                 out[i] = self._result(answer, item.samples, item.delta, 0)
             await self.enforce_capacity(total)
@@ -385,6 +416,10 @@ class BufferStore:
         )
 
     # --- figures ---
+    async def samples_generated(self) -> int:
+        """The generated samples taken in so far (:data:`GENERATED_COUNTER`)."""
+        return int(await self.redis.hget(self.stats_key, GENERATED_COUNTER) or 0)
+
     async def stats(self) -> dict[str, Any]:
         pipe = self.redis.pipeline(transaction=not isinstance(self.redis, RedisCluster))
         pipe.hgetall(self.stats_key)

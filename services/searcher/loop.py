@@ -41,7 +41,7 @@ from tba.tasks import Prompt
 
 log = logging.getLogger(__name__)
 SIGNAL_GRACE_SECONDS = 2.0
-PACE_POLL_SECONDS = 0.1  # how often a paced searcher looks for a newer checkpoint
+PACE_POLL_SECONDS = 0.1  # how often a paced searcher, waiting for a newer checkpoint, looks for a stop
 
 
 class AbandonBatch(Exception):
@@ -138,6 +138,9 @@ class Searcher:
         self.batches = self.groups_generated = self.samples_generated = self.tokens_generated = 0
         self.reloads = self.skipped_prompts = 0
         self.reload_ms_last: float | None = None
+        # Where a batch's time goes (sums over the run, seconds): the engine's generate call, the worker's
+        # scoring and publishing, and the reloads' pauses. Their means state a synchronous cycle's parts.
+        self.generate_seconds = self.score_seconds = self.reload_seconds_total = 0.0
         self._started = time.monotonic()
         self.stop = StopControl()
         self.pacer = Pacer(settings.max_batches_per_version, settings.pace_max_wait_seconds)
@@ -176,8 +179,9 @@ class Searcher:
                     continue
                 if self.pacer.should_wait(self.engine.version):
                     self.state = "paused: waiting for a newer policy"
-                    self.stop.event.wait(PACE_POLL_SECONDS)
-                    self.pacer.waited(PACE_POLL_SECONDS)
+                    t0 = time.monotonic()
+                    self.watcher.wait_ready(PACE_POLL_SECONDS)  # wakes the moment one is verified
+                    self.pacer.waited(time.monotonic() - t0)
                     continue
                 self.state = "running"
                 batch = self._generate()
@@ -227,6 +231,7 @@ class Searcher:
         self.watcher.current_version = ckpt.version
         self.reloads += 1
         self.reload_ms_last = pause * 1000
+        self.reload_seconds_total += pause
         self.reload_seconds.observe(pause)
         log.info("reloaded v%d -> v%d in place (generation paused %.0f ms)", old, ckpt.version, pause * 1000)
         return True
@@ -253,8 +258,10 @@ class Searcher:
             ids.append(prompt_ids)
         version = self.engine.version
         self.stop.generating = True
+        started = time.monotonic()
         try:
             completions = self.engine.generate(ids, self.params)
+            self.generate_seconds += time.monotonic() - started
         except AbandonBatch:
             log.warning("abandoned a batch of %d prompts on the second stop signal", len(prompts))
             return None
@@ -303,8 +310,10 @@ class Searcher:
                     continue
                 if batch is None:
                     break
+                started = time.monotonic()
                 groups = self.scorer.score(batch)
                 self.publisher.publish(groups)
+                self.score_seconds += time.monotonic() - started
                 samples = sum(len(g.samples) for g in groups)
                 tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)
                 self.groups_generated += len(groups)
@@ -347,6 +356,9 @@ class Searcher:
             "tokens_per_s": round(tokens_per_s, 3),
             "reloads": self.reloads,
             "reload_ms_last": None if self.reload_ms_last is None else round(self.reload_ms_last, 3),
+            "generate_seconds": round(self.generate_seconds, 3),
+            "score_seconds": round(self.score_seconds, 3),
+            "reload_seconds": round(self.reload_seconds_total, 3),
             "rejected_checkpoints": self.watcher.rejected,
             "spilled": len(self.spill),
             "spill_bytes": self.spill.nbytes,

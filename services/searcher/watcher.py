@@ -60,6 +60,7 @@ class CheckpointWatcher:
         self._rejected: set[tuple[int, str]] = set()
         self._missing_logged: set[int] = set()
         self._ready: VerifiedCheckpoint | None = None
+        self._ready_event = threading.Event()  # set while a verified checkpoint waits to be taken
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -70,7 +71,13 @@ class CheckpointWatcher:
         """The newest verified checkpoint newer than ``current_version``, once; None if there is none."""
         with self._lock:
             ready, self._ready = self._ready, None
+            self._ready_event.clear()
         return ready if ready is not None and ready.version > self.current_version else None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until a verified checkpoint waits to be taken (True) or ``timeout`` passes (False): a paced
+        searcher starts on a new policy the moment it is verified, not at its next look."""
+        return self._ready_event.wait(timeout)
 
     @property
     def ready_version(self) -> int | None:
@@ -115,6 +122,7 @@ class CheckpointWatcher:
         with self._lock:
             if self._ready is None or manifest.version > self._ready.version:
                 self._ready = VerifiedCheckpoint(manifest, path)
+                self._ready_event.set()
         log.info("checkpoint v%d verified (from the %s); loading it after the current batch", manifest.version, source)
 
     def reject(self, ckpt: VerifiedCheckpoint, reason: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import httpx
 
@@ -30,6 +31,23 @@ def _error_code(resp: httpx.Response) -> str | None:
         return resp.json()["error"]["code"]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:200]
+
+
+@dataclass(frozen=True)
+class NotServed:
+    """A 409 answer to ``/v1/sample``: the batch cannot be served yet. ``code`` says why: not_enough_samples
+    (too few eligible prompts: none of this version yet in sync mode, too few fresh enough under the
+    staleness bound) or reuse_bound (too few samples generated for the trainer's reuse bound)."""
+
+    code: str
+    message: str
 
 
 class BufferRequestError(RuntimeError):
@@ -55,6 +73,7 @@ class BufferClient:
         headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
         self.base_url = base_url
+        self.timeout = timeout
         self.max_bytes = max_bytes
         self.stop = stop or threading.Event()
         self._delays_factory = (lambda: delays) if delays is not None else backoff_delays
@@ -64,18 +83,22 @@ class BufferClient:
     def close(self) -> None:
         self.http.close()
 
-    def sample(self, request: SampleRequest) -> SampledBatch | None:
-        """A batch, or None when the buffer does not hold enough eligible samples yet (409)."""
+    def sample(self, request: SampleRequest) -> SampledBatch | NotServed:
+        """A batch, or why the buffer cannot serve one yet (409), after holding the request up to
+        ``request.wait_seconds`` (the HTTP timeout must be longer)."""
         resp = self._send(
             "POST",
             "/v1/sample",
             content=encode(request),
             headers={"Content-Type": MSGPACK_MEDIA_TYPE, "Accept": MSGPACK_MEDIA_TYPE},
+            timeout=self.timeout + request.wait_seconds,  # the buffer may hold the request that long
         )
         if resp.status_code == 409:
-            if _error_code(resp) == "objective_mismatch":
-                raise BufferRequestError(f"the buffer refuses this trainer: {resp.json()['error']['message']}")
-            return None
+            code = _error_code(resp) or "not_enough_samples"
+            message = _error_message(resp)
+            if code == "objective_mismatch":
+                raise BufferRequestError(f"the buffer refuses this trainer: {message}")
+            return NotServed(code, message)
         fmt: Format = "json" if resp.headers.get("content-type", "").startswith(JSON_MEDIA_TYPE) else "msgpack"
         try:
             return decode(resp.content, SampledBatch, fmt, max_bytes=self.max_bytes)

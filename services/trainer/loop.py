@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from services.trainer.batching import rows_from_batch
+from services.trainer.bounds import ON_POLICY, WAIT_REASONS, ReuseBound
 from services.trainer.checkpointing import (
     Announcer,
     ResumePoint,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PUBLISH_RETRY_SECONDS = 5.0  # sync mode: how often a failed checkpoint write is retried while waiting
+WAIT_LOG_SECONDS = 10.0  # a wait for a batch longer than this is logged, with why
 
 
 class Trainer:
@@ -69,6 +71,9 @@ class Trainer:
         self.beta = self.beta_schedule(1)
         self.samples_seen = 0
         self.tokens_seen = 0
+        self.publish_seconds, self.publishes = 0.0, 0  # checkpoints published by this process and their time
+        self.batch_samples = settings.prompts_per_step * settings.train_samples_per_prompt
+        self.reuse = ReuseBound(settings.max_reuse if settings.mode == "async" else None)
         self.health: HealthServer | None = None
         self.reference = ""  # identity of the reference model, stated with every sample request (setup)
         self.ranks = Ranks.from_env()  # under torchrun: rank 0 runs this loop, the others follow it (follow())
@@ -183,6 +188,7 @@ class Trainer:
             st = resume.state
             self.step, self.published, self.beta = st.step, resume.manifest.version, st.beta
             self.samples_seen, self.tokens_seen = st.samples_seen, st.tokens_seen
+            self.reuse.consumed = st.samples_seen
             self._seconds_before = st.run_seconds
             log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
         else:
@@ -258,6 +264,7 @@ class Trainer:
             samples_seen=self.samples_seen,
             tokens_seen=self.tokens_seen,
             run_seconds=round(self.run_seconds(), 1),
+            publish_s_mean=round(self.publish_seconds / self.publishes, 4) if self.publishes else None,
         )
         return out
 
@@ -271,8 +278,8 @@ class Trainer:
             if not self.done():
                 self.wait_for_warmup()
             while not self.done():
-                batch, wait_s = self.fetch()
-                if self.train_on(batch, wait_s) and self.step % self.k == 0:
+                batch, wait_s, reason = self.fetch()
+                if self.train_on(batch, wait_s, reason) and self.step % self.k == 0:
                     self.publish()
         except StopRequested:
             log.info("stopping: saving and exiting")
@@ -314,12 +321,16 @@ class Trainer:
         Sync mode has no warm-up: each step waits for its own version's samples, and the buffer's count
         of distinct samples may never reach the warm-up's while the searchers wait for the next version."""
         self.metrics.set_state("warmup")
-        need = 0 if self.settings.mode == "sync" else self.settings.warmup_samples
+        if self.settings.mode == "sync":
+            return
+        need = self.settings.warmup_samples
         start, last_log = time.monotonic(), 0.0
-        while need > 0:
-            have = int(self.client.stats().get("samples", 0))
+        while True:
+            stats = self.client.stats()
             self.metrics.set_buffer_failures(self.client.failures)
+            have = int(stats.get("samples", 0))
             if have >= need:
+                self.reuse.start(int(stats.get("samples_ingested", 0)), self.batch_samples)
                 break
             if time.monotonic() - last_log > 10:
                 log.info("warm-up: the buffer holds %d of %d samples", have, need)
@@ -329,6 +340,8 @@ class Trainer:
         log.info("warm-up done after %.1f s", time.monotonic() - start)
 
     def sample_request(self) -> SampleRequest:
+        """The next batch's request: sync mode asks for this version's samples, async mode for samples within
+        the staleness and reuse bounds (services/trainer/bounds.py); the buffer holds it until it can serve."""
         s = self.settings
         sync = s.mode == "sync"
         return SampleRequest(
@@ -336,37 +349,56 @@ class Trainer:
             samples_per_prompt=s.train_samples_per_prompt,
             recency_prob=s.recency_prob,
             reward_inv_temp=s.reward_inv_temp,
+            recency_draw=s.recency_draw,
             trainer_version=self.step,
             recent_versions=s.recent_versions or self.k,
-            max_staleness=s.max_staleness,
+            max_staleness=None if sync else s.max_staleness,
             only_version=self.step if sync else None,
+            min_samples_generated=None if sync else self.reuse.min_generated(self.batch_samples),
+            wait_seconds=s.sample_wait_seconds,
             seed=None if s.sample_seed is None else s.sample_seed + self.step,
             temperature=s.temperature,
             reference=self.reference,
         )
 
-    def fetch(self) -> tuple[SampledBatch, float]:
-        """The next batch, waiting (state "waiting") while the buffer lacks eligible samples."""
-        request = self.sample_request()
-        start = time.monotonic()
+    def fetch(self) -> tuple[SampledBatch, float, str | None]:
+        """The next batch, how long it took to come and why the trainer waited for it (None: it did not).
+
+        While the buffer cannot serve it (sync mode: this version's samples are not generated yet; async
+        mode: a bound binds), the trainer waits in state "waiting", inside the buffer's long-poll, so the
+        batch comes as soon as its samples arrive."""
+        sync = self.settings.mode == "sync"
+        start = last_log = mark = time.monotonic()
+        reason: str | None = None
         while True:
             self.announcer.flush()
-            batch = self.client.sample(request)
+            answer = self.client.sample(self.sample_request())
             self.metrics.set_buffer_failures(self.client.failures)
-            if batch is not None:
-                wait_s = time.monotonic() - start
-                self.metrics.add_wait(wait_s)
-                return batch, wait_s
-            self.metrics.set_state("waiting")
-            if self.settings.mode == "sync" and self.published < self.step and time.monotonic() >= self._retry_at:
+            now = time.monotonic()
+            if isinstance(answer, SampledBatch):
+                self.reuse.served(self.batch_samples, answer.samples_generated)
+                self.metrics.add_wait(now - mark, reason)
+                return answer, now - start, reason
+            reason = ON_POLICY if sync else WAIT_REASONS.get(answer.code, answer.code)
+            self.metrics.add_wait(now - mark, reason)  # counted as it goes: a long wait shows while it lasts
+            mark = now
+            self.metrics.set_waiting(reason)
+            if answer.code == "reuse_bound":  # the counter, in case the buffer's Redis started afresh
+                self.reuse.read(int(self.client.stats().get("samples_ingested", 0)))
+            if time.monotonic() - last_log > WAIT_LOG_SECONDS:
+                log.info("waiting %.0f s for a batch (%s): %s", time.monotonic() - start, reason, answer.message)
+                last_log = time.monotonic()
+            if sync and self.published < self.step and time.monotonic() >= self._retry_at:
                 # Sync mode waits for samples of version `step`, which searchers generate only once its
                 # checkpoint is out: a publish that failed (disk full) is retried here, or nothing comes.
                 self._retry_at = time.monotonic() + PUBLISH_RETRY_SECONDS
                 self.publish()
-            if self.stop.wait(self.settings.poll_seconds) or self.budget_spent():
+            if self.settings.sample_wait_seconds == 0:  # no long-poll: wait here between requests
+                self.stop.wait(self.settings.poll_seconds)
+            if self.stop.is_set() or self.budget_spent():
                 raise StopRequested
 
-    def train_on(self, batch: SampledBatch, wait_s: float) -> bool:
+    def train_on(self, batch: SampledBatch, wait_s: float = 0.0, wait_reason: str | None = None) -> bool:
         """One optimizer step on the batch's valid groups; False (no step) when none is valid."""
         rows, problems = rows_from_batch(batch, self.learner.vocab_size, self.learner.max_length)
         for problem in problems:
@@ -383,7 +415,7 @@ class Trainer:
         self.beta = beta
         self.samples_seen += result.samples
         self.tokens_seen += result.tokens
-        self.metrics.record(self.step, beta, result, wait_s)
+        self.metrics.record(self.step, beta, result, wait_s, wait_reason, self.reuse.ratio)
         return True
 
     # ---- checkpoints --------------------------------------------------------------------------------------
@@ -431,6 +463,8 @@ class Trainer:
         deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds, s.max_checkpoints_on_disk)
         seconds = time.perf_counter() - start
         self.metrics.checkpoint_seconds.observe(seconds)
+        self.publish_seconds += seconds
+        self.publishes += 1
         log.info(
             "published checkpoint v%d in %.2f s%s", manifest.version, seconds, f" (pruned {deleted})" if deleted else ""
         )

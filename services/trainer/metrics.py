@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from services.trainer.bounds import ALL_WAIT_REASONS
 from services.trainer.learner import StepResult
 from tba.tracking import Tracker
 
@@ -47,6 +48,8 @@ class TrainerMetrics:
             "samples_per_s": None,
             "tokens_per_s": None,
             "wait_s": 0.0,
+            "waiting_for": None,
+            "reuse": None,
             "staleness": {},
             "staleness_mean": None,
             "buffer_failures": 0,
@@ -73,7 +76,18 @@ class TrainerMetrics:
         self.state_gauge = Gauge("tba_trainer_state", "1 for the current state.", ["state"], registry=r)
         self.samples_total = Counter("tba_trainer_samples", "Samples trained on.", registry=r)
         self.tokens_total = Counter("tba_trainer_tokens", "Tokens trained on.", registry=r)
-        self.wait_total = Counter("tba_trainer_wait_seconds", "Time spent waiting for data.", registry=r)
+        self.wait_total = Counter(
+            "tba_trainer_wait_seconds",
+            "Time spent waiting for batches, by why: fresh_samples (the staleness bound, or too few prompts), "
+            "reuse (the reuse bound), on_policy (sync mode: the version's samples).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ALL_WAIT_REASONS:  # every series exists from the start, at 0 until that wait happens
+            self.wait_total.labels(reason)
+        self.g["reuse"] = Gauge(
+            "tba_trainer_reuse", "Samples trained on per sample generated over the run.", registry=r
+        )
         self.buffer_failures = Counter("tba_trainer_buffer_failures", "Transient buffer failures.", registry=r)
         self.dropped_groups = Counter("tba_trainer_dropped_groups", "Groups dropped as invalid.", registry=r)
         self.step_seconds = Histogram("tba_trainer_step_seconds", "Compute time per optimizer step.", registry=r)
@@ -99,8 +113,17 @@ class TrainerMetrics:
         with self._lock:
             self._status["version"] = version
 
-    def add_wait(self, seconds: float) -> None:
-        self.wait_total.inc(seconds)
+    def add_wait(self, seconds: float, reason: str | None) -> None:
+        """``seconds`` spent on a batch's request, waiting because of ``reason`` (None: it did not wait, and
+        the request's own time is not counted)."""
+        if reason is not None:
+            self.wait_total.labels(reason).inc(seconds)
+
+    def set_waiting(self, reason: str) -> None:
+        """The trainer waits for a batch because of ``reason`` (services/trainer/bounds.py)."""
+        self.set_state("waiting")
+        with self._lock:
+            self._status["waiting_for"] = reason
 
     def set_buffer_failures(self, total: int) -> None:
         with self._lock:
@@ -113,7 +136,15 @@ class TrainerMetrics:
         with self._lock:
             return dict(self._status)
 
-    def record(self, step: int, beta: float, result: StepResult, wait_s: float) -> dict[str, Any]:
+    def record(
+        self,
+        step: int,
+        beta: float,
+        result: StepResult,
+        wait_s: float,
+        wait_reason: str | None = None,
+        reuse: float | None = None,
+    ) -> dict[str, Any]:
         """Publish one step's figures everywhere; return the row written to the metrics file."""
         m = result.metrics
         n = max(1, result.samples)
@@ -134,6 +165,8 @@ class TrainerMetrics:
             "micro_batches": result.micro_batches,
             "step_s": round(result.seconds, 4),
             "wait_s": round(wait_s, 4),
+            "wait_reason": wait_reason,
+            "reuse": None if reuse is None else round(reuse, 4),
             "samples_per_s": result.samples / max(result.seconds, 1e-9),
             "tokens_per_s": result.tokens / max(result.seconds, 1e-9),
             "staleness_mean": staleness_mean,
@@ -160,9 +193,11 @@ class TrainerMetrics:
                         "tokens_per_s",
                         "wait_s",
                         "staleness_mean",
+                        "reuse",
                     )
                 }
             )
+            self._status["waiting_for"] = None
             self._status["staleness"] = row["staleness_hist"]
         if self.tracker is not None:
             self.tracker.scalars(step, {k: v for k, v in row.items() if k not in ("ts", "step")}, prefix="trainer")
@@ -177,7 +212,7 @@ class TrainerMetrics:
     def _export(self, row: dict[str, Any], result: StepResult) -> None:
         for name in ("step", "beta", "lr", "grad_norm", "samples_per_s", "tokens_per_s", "staleness_mean"):
             self.g[name].set(row[name])
-        for name in ("loss", "reward_mean", "log_Z_mean", "kl", "mixed_fraction"):
+        for name in ("loss", "reward_mean", "log_Z_mean", "kl", "mixed_fraction", "reuse"):
             if row.get(name) is not None:
                 self.g[name].set(row[name])
         self.samples_total.inc(result.samples)
@@ -196,7 +231,9 @@ class TrainerMetrics:
             f"kl {row['kl']:.3g}",
             f"beta {row['beta']:.3g}",
             f"{row['tokens_per_s']:.0f} tok/s",
-            f"wait {row['wait_s']:.2f}s",
+            f"wait {row['wait_s']:.2f}s" + (f" ({row['wait_reason']})" if row.get("wait_reason") else ""),
             f"stale {row['staleness_mean']:.1f}",
         ]
+        if row.get("reuse") is not None:
+            parts.append(f"reuse {row['reuse']:.2f}")
         return " | ".join(parts)

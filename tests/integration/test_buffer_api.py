@@ -88,6 +88,23 @@ def test_409_with_a_reason_when_too_few_prompts(make_client) -> None:
     assert err["code"] == "not_enough_samples" and "fewer than num_prompts=2" in err["message"]
 
 
+def test_409_reuse_bound_and_bad_waits(make_client) -> None:
+    """The reuse bound's refusal has its own code; a long-poll wait outside [0, 60] s is refused with a reason."""
+    client = make_client()
+    post_group(client, make_group("p", rewards=[1.0, 2.0]))
+    body = {"num_prompts": 1, "samples_per_prompt": 2, "trainer_version": 0}
+    r = client.post("/v1/sample", json={**body, "min_samples_generated": 3, "wait_seconds": 0.1})
+    assert r.status_code == 409
+    err = error_of(r)
+    assert err["code"] == "reuse_bound" and "taken in 2 generated samples" in err["message"]
+    ok = client.post("/v1/sample", json={**body, "min_samples_generated": 2}, headers={"Accept": "application/json"})
+    assert ok.status_code == 200 and ok.json()["samples_generated"] == 2
+    for bad in ({"wait_seconds": -1}, {"wait_seconds": 61}, {"wait_seconds": "inf"}, {"min_samples_generated": -1}):
+        r = client.post("/v1/sample", json={**body, **bad})
+        assert r.status_code == 422, (bad, r.text)
+        assert next(iter(bad)) in error_of(r)["message"]
+
+
 def test_auth_guards_writes_and_sampling_but_not_probes(make_client) -> None:
     client = make_client(auth_token="s3cret")
     g = encode(make_group("p"))

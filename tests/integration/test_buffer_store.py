@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from services.buffer.records import sample_id
 from services.buffer.redis_scripts import VERSION_SHIFT
-from services.buffer.sampler import NotEnoughPrompts, Sampler
+from services.buffer.sampler import NotEnoughGenerated, NotEnoughPrompts, Sampler
 from services.buffer.store import BufferStore, group_intent
 from tba.keys import Keys
 from tba.redis_client import async_client
@@ -396,3 +396,67 @@ async def test_an_interrupted_global_eviction_is_finished_by_recovery(make_store
     assert stats["samples"] == 2 and stats["samples_evicted"] == 4 and stats["versions"] == {1: 2}
     assert sync.hget(store.stats_key, "evict_reserved") == b"0"
     check_consistency(sync)
+
+
+async def test_a_waiting_request_is_served_when_the_samples_it_needs_arrive(make_store) -> None:
+    """Long-poll: an on-policy request for a version not generated yet waits, and the write of that version
+    wakes it; it is served that version's samples, never anything else."""
+    store = await make_store()
+    await store.write_group(make_group("p0", version=0))
+    sampler = Sampler(store)
+    waiting = asyncio.create_task(served(sampler, req(only_version=1, wait_seconds=30.0)))
+    await asyncio.sleep(0.3)
+    assert not waiting.done(), "answered before version 1 existed"
+    notified = store.arrivals.notified
+    await store.write_group(make_group("p1", version=1))
+    batch = await asyncio.wait_for(waiting, 10)
+    assert store.arrivals.notified == notified + 1
+    assert [g.prompt_id for g in batch.groups] == ["p1"] and {s.version for s in batch.groups[0].samples} == {1}
+
+
+async def test_a_request_that_cannot_be_served_answers_after_its_wait(make_store) -> None:
+    store = await make_store()
+    started = time.monotonic()
+    with pytest.raises(NotEnoughPrompts):
+        await Sampler(store).sample(req(only_version=3, wait_seconds=0.2))
+    assert time.monotonic() - started >= 0.2
+
+
+async def test_the_reuse_bound_holds_a_request_until_enough_samples_were_generated(make_store) -> None:
+    """min_samples_generated counts every generated sample taken in, duplicates included; every batch says
+    how many there were when it was drawn."""
+    store = await make_store()
+    await store.write_group(make_group("p0", rewards=[0.0, 1.0, 1.0]))  # 3 generated
+    sampler = Sampler(store)
+    batch = await served(sampler, req())
+    assert batch.samples_generated == 3
+    with pytest.raises(NotEnoughGenerated, match="fewer than min_samples_generated=5"):
+        await sampler.sample(req(min_samples_generated=5))
+    waiting = asyncio.create_task(served(sampler, req(min_samples_generated=5, wait_seconds=30.0)))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    dup = make_group("p0", tokens=[s.completion_ids for s in (await served(sampler, req())).groups[0].samples])
+    await store.write_group(dup)  # 2 duplicates: stored once each, generated twice
+    batch = await asyncio.wait_for(waiting, 10)
+    assert batch.samples_generated == 5 and (await store.stats())["samples"] == 3
+
+
+async def test_the_recency_branch_draws_as_generated_when_asked(make_store) -> None:
+    """A completion generated three times counts three times: K=4 from [a, a, a, b] is exactly that multiset,
+    where the distinct draw sees two completions."""
+    store = await make_store()
+    await store.write_group(make_group("p0", rewards=[1.0, 1.0, 1.0, 0.0], tokens=[[7, 7], [7, 7], [7, 7], [9]]))
+    sampler = Sampler(store)
+    for seed in range(5):
+        batch = await served(
+            sampler, req(samples_per_prompt=4, recency_prob=1.0, recency_draw="as_generated", seed=seed)
+        )
+        group = batch.groups[0]
+        assert group.branch == "recency"
+        assert sorted(tuple(s.completion_ids) for s in group.samples) == [(7, 7), (7, 7), (7, 7), (9,)]
+    draws = [
+        tuple(s.completion_ids)
+        for seed in range(40)
+        for s in (await served(sampler, req(samples_per_prompt=4, recency_prob=1.0, seed=seed))).groups[0].samples
+    ]
+    assert 0.35 < draws.count((9,)) / len(draws) < 0.65  # distinct: each of the two half the time

@@ -59,6 +59,25 @@ def test_announcement_wakes_the_watcher(redis_server, store) -> None:
         w.stop()
 
 
+def test_a_paced_searcher_waiting_for_a_policy_wakes_when_it_is_verified(redis_server, store) -> None:
+    """wait_ready blocks while nothing newer is verified and returns as soon as an announced checkpoint is,
+    well before its timeout; once taken, it blocks again."""
+    w = watcher(redis_server, store).start()
+    try:
+        wait_for(lambda: redis_server.client().pubsub_numsub(KEYS.checkpoint_channel)[0][1] == 1)
+        assert w.wait_ready(0.2) is False
+        m = commit(store, 1)
+        store.manifest_path.unlink()
+        redis_server.client().publish(KEYS.checkpoint_channel, m.model_dump_json())
+        started = time.monotonic()
+        assert w.wait_ready(30.0) is True
+        assert time.monotonic() - started < 25.0, "woken by the verified checkpoint, not by the timeout"
+        assert w.take().version == 1
+        assert w.wait_ready(0.1) is False
+    finally:
+        w.stop()
+
+
 def test_late_joiner_finds_the_key(redis_server, store) -> None:
     m = commit(store, 3)
     store.manifest_path.unlink()

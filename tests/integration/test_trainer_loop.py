@@ -346,6 +346,8 @@ def test_a_time_budget_decays_the_lr_to_zero_and_holds_across_a_restart(
         lr_decay_fraction=0.5,
         checkpoint_every=1000,
         recency_prob=0.0,
+        max_reuse=None,  # the test's samples are all there are: the trainer replays them for the whole budget
+        max_staleness=None,
     )
     started = time.monotonic()
     trainer = Trainer(s)
@@ -405,7 +407,8 @@ def trainer_process_env(
     redis_server, buffer, model, ckpt: Path, metrics_file: Path, **overrides: str
 ) -> dict[str, str]:
     """The environment of a `tba trainer` process against the test's Redis and buffer: small steps, a
-    checkpoint every 2, fast polling; ``overrides`` are further TBA_ variables."""
+    checkpoint every 2, fast polling, no bounds on reuse or staleness (the test's samples are all there
+    are: the trainer replays them); ``overrides`` are further TBA_ variables."""
     return {
         **os.environ,
         "TBA_REDIS_URL": redis_server.url,
@@ -421,6 +424,8 @@ def trainer_process_env(
         "TBA_TORCH_THREADS": "1",
         "TBA_POLL_SECONDS": "0.05",
         "TBA_LR": "1e-3",
+        "TBA_MAX_REUSE": "off",
+        "TBA_MAX_STALENESS": "off",
         "TBA_METRICS_FILE": str(metrics_file),
         **overrides,
     }
@@ -655,3 +660,44 @@ def test_sync_mode_retries_a_failed_checkpoint_write_instead_of_waiting_forever(
         helper.join(5)
     assert codes == [0] and trainer.step == 2 and trainer.published == 2
     assert CheckpointStore(s.checkpoint_dir).versions() == [1, 2]
+
+
+def _metric(text: str, name: str) -> float:
+    """The value of one Prometheus sample line ``name value`` (labels included in ``name``)."""
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+@pytest.mark.parametrize("bound", ["reuse", "staleness"])
+def test_async_trainer_waits_while_a_bound_binds_and_resumes_on_fresh_samples(
+    bound, redis_server, buffer, tiny_model, tmp_path, group_pool
+):
+    """reuse: 18 samples generated allow two batches of 8 at max_reuse 1, the third waits for 6 more;
+    staleness: samples of version 0 serve versions 0 and 1 at max_staleness 1, version 2 waits for new ones.
+    The trainer says why it waits (status, metrics), and its reported ratio is what it consumed."""
+    buffer.start()
+    r = redis_server.client()
+    limits = {"max_reuse": 1.0, "max_staleness": None} if bound == "reuse" else {"max_reuse": None, "max_staleness": 1}
+    s = settings_for(
+        redis_server, buffer, tiny_model, tmp_path, max_steps=3, warmup_samples=8, sample_wait_seconds=0.5, **limits
+    )
+    publish_groups(r, group_pool[:3], version=0)
+    trainer = Trainer(s)
+    thread, codes = run_in_thread(trainer)
+    wait_for(lambda: trainer.step == 2 and trainer.status()["state"] == "waiting", 120, "the bound to bind")
+    reason = "reuse" if bound == "reuse" else "fresh_samples"
+    assert trainer.status()["waiting_for"] == reason
+    time.sleep(1.5)  # several long-polls: still waiting, nothing trained
+    assert trainer.step == 2 and trainer.status()["state"] == "waiting"
+    text = httpx.get(f"http://127.0.0.1:{trainer.health.port}/metrics").text
+    waited = _metric(text, f'tba_trainer_wait_seconds_total{{reason="{reason}"}}')
+    assert waited >= 1.0, "the wait is counted while it lasts"
+    publish_groups(r, group_pool[3:4] if bound == "reuse" else group_pool[3:5], version=2)
+    thread.join(120)
+    assert codes == [0] and trainer.step == 3
+    rows = [json.loads(x) for x in s.metrics_file.read_text().splitlines()]
+    assert [row["wait_reason"] for row in rows] == [None, None, reason]
+    assert rows[2]["wait_s"] >= 1.5
+    if bound == "reuse":
+        assert rows[1]["reuse"] == pytest.approx(16 / 18, abs=1e-4) and rows[2]["reuse"] == 1.0  # 24 of 24
+    else:
+        assert rows[2]["staleness_hist"] == {"0": 8}  # only the new version-2 samples

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from reliability.fuzz import MAX_PAYLOAD_BYTES, poison_catalogue, run_poison, run_schemathesis, seed_buffer
+from reliability.fuzz import (
+    MAX_FUZZ_WAIT_SECONDS,
+    MAX_PAYLOAD_BYTES,
+    poison_catalogue,
+    run_poison,
+    run_schemathesis,
+    seed_buffer,
+)
 from reliability.services import BufferProcess
 from tests.conftest import RedisServer
 from tests.unit.buffer_factories import check_consistency
@@ -26,6 +33,7 @@ def buffer(redis_server: RedisServer, tmp_path: Path) -> Iterator[BufferProcess]
         consumer_name="fuzz",
         max_payload_bytes=MAX_PAYLOAD_BYTES,
         ingest_block_ms=50,
+        max_sample_wait_seconds=MAX_FUZZ_WAIT_SECONDS,
     ).start()
     yield proc
     assert proc.stop(), proc.log_tail()  # a graceful exit: nothing the fuzzing did left it stuck or dead

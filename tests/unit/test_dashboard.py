@@ -92,6 +92,14 @@ def test_every_part_of_the_system_has_its_panel_with_its_figures():
     assert lag_row.split()[3:5] == ["194", "6"]  # version, lag behind the trainer
 
 
+def test_a_waiting_trainer_shows_why_and_its_reuse():
+    snap = snapshot(125.0, 200, 4000)
+    snap.trainer.update(state="waiting", waiting_for="reuse", reuse=0.987, wait_s=1.25)
+    row = next(line for line in shown(snap, []).splitlines() if "wait" in line and " s" in line)
+    assert "1.25 s  for reuse" in row
+    assert "0.99 per sample generated" in shown(snap, [])
+
+
 def test_a_system_still_starting_shows_dashes_not_errors():
     snap = Snapshot(t=3.0, trainer={"error": "ConnectError"}, buffer={"error": "HTTP 503"})
     text = shown(snap, [], budget_s=None)

@@ -55,3 +55,20 @@ def test_successes_are_counted_per_run_window_from_the_searchers_records(tmp_pat
     )
     (tmp_path / "successes-eval-2.jsonl").write_text(json.dumps({"t": 10.5, "prompt": "p", "text": "9977"}) + "\n")
     assert found(tmp_path, 0.0, 50.0) == {"successes": 3, "distinct": 2}  # evaluations' successes not counted
+
+
+def test_decoupling_reads_staleness_update_to_data_and_the_cycle_from_a_run() -> None:
+    from experiments.decoupling import cycle_parts, staleness_histogram, update_to_data
+
+    rows = [
+        {"ts": 0.0, "step_s": 0.1, "wait_s": 0.2, "staleness_hist": {"0": 6, "3": 2}},
+        {"ts": 0.5, "step_s": 0.1, "wait_s": 0.3, "staleness_hist": {"9": 1, "100": 1}},
+        {"ts": 1.1, "step_s": 0.2, "wait_s": 0.3, "staleness_hist": {}},
+    ]
+    hist = staleness_histogram(rows)
+    assert list(hist) == ["0", "1", "2", "3-4", "5-8", "9-16", "17-64", ">64"]
+    assert hist["0"] == 0.6 and hist["3-4"] == 0.2 and hist["9-16"] == 0.1 and hist[">64"] == 0.1
+    assert abs(sum(hist.values()) - 1) < 1e-9
+    assert update_to_data({"buffer": {"samples_ingested": 200, "samples_served": 300}}) == 1.5
+    assert update_to_data({"buffer": {}}) is None
+    assert cycle_parts(rows) == {"cycle": 0.55, "compute": 0.1, "wait": 0.3}

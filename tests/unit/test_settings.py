@@ -87,6 +87,11 @@ def test_keyword_overrides_win() -> None:
         ("TBA_STOP", '[""]', SearcherSettings),
         ("TBA_STOP", "not json", SearcherSettings),
         ("TBA_MAX_NEW_TOKENS", "99999999", SearcherSettings),
+        ("TBA_MAX_REUSE", "0", TrainerSettings),
+        ("TBA_MAX_REUSE", "never", TrainerSettings),
+        ("TBA_MAX_STALENESS", "-1", TrainerSettings),
+        ("TBA_MAX_STALENESS", "2.5", TrainerSettings),
+        ("TBA_SAMPLE_WAIT_SECONDS", "61", TrainerSettings),
     ],
 )
 def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, env: str, value: str, cls) -> None:
@@ -95,6 +100,19 @@ def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, env: 
         load_settings(cls)
     msg = str(exc.value)
     assert env in msg and "--" + env.removeprefix("TBA_").lower().replace("_", "-") in msg
+
+
+def test_the_bounds_of_bounded_asynchrony_are_on_by_default_and_switched_off_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = load_settings(TrainerSettings)
+    assert s.max_staleness is not None and s.max_reuse is not None
+    monkeypatch.setenv("TBA_MAX_STALENESS", "off")
+    s = load_settings(TrainerSettings, parse(TrainerSettings, ["--max-reuse", "None"]))
+    assert s.max_staleness is None and s.max_reuse is None
+    monkeypatch.setenv("TBA_MAX_STALENESS", "3")
+    s = load_settings(TrainerSettings, parse(TrainerSettings, ["--max-reuse", "2.5"]))
+    assert (s.max_staleness, s.max_reuse) == (3, 2.5)
 
 
 def test_bad_flag_value_names_flag_and_value() -> None:

@@ -14,7 +14,7 @@ import threading
 import httpx
 import pytest
 
-from services.trainer.client import BufferClient, BufferRequestError, StopRequested
+from services.trainer.client import BufferClient, BufferRequestError, NotServed, StopRequested
 from tba.codec import MSGPACK_MEDIA_TYPE, decode, encode
 from tba.schemas import SampledBatch, SampleRequest
 
@@ -66,9 +66,19 @@ def test_transient_failures_are_retried_and_logged(caplog) -> None:
     assert "ConnectError" in caplog.text and "HTTP 503" in caplog.text and "reachable again" in caplog.text
 
 
-def test_409_means_not_enough_samples_yet() -> None:
-    transport, seen = scripted(httpx.Response(409, json={"detail": "not enough"}))
-    assert client(transport).sample(REQUEST) is None and len(seen) == 1
+def test_409_means_not_served_yet_with_the_buffers_reason() -> None:
+    error = {"error": {"status": 409, "code": "reuse_bound", "message": "fewer than min_samples_generated=9"}}
+    transport, seen = scripted(httpx.Response(409, json=error), httpx.Response(409, json={"detail": "not enough"}))
+    c = client(transport)
+    assert c.sample(REQUEST) == NotServed("reuse_bound", "fewer than min_samples_generated=9")
+    assert c.sample(REQUEST) == NotServed("not_enough_samples", '{"detail":"not enough"}') and len(seen) == 2
+
+
+def test_a_long_poll_gets_an_http_timeout_longer_than_its_wait() -> None:
+    transport, seen = scripted(ok_batch())
+    c = client(transport)
+    c.sample(REQUEST.model_copy(update={"wait_seconds": 7.5}))
+    assert seen[0].extensions["timeout"]["read"] == c.timeout + 7.5
 
 
 def test_409_for_another_objective_is_raised_with_the_buffers_reason() -> None:
