@@ -57,7 +57,7 @@ lock:
 clean:
 	rm -rf $(VENV) .pytest_cache runs
 
-# make experiment [SEEDS=3] [ONLY="decoupling diversity redteam"]: the paper's claims (experiments/run.py, ~3 h)
+# make experiment [SEEDS=3] [ONLY="decoupling diversity redteam"]: the paper's claims (experiments/run.py, ~3.5 h)
 experiment: install
 	$(PY) -m experiments.run $(if $(SEEDS),--seeds $(SEEDS)) $(if $(ONLY),--only $(ONLY))
 
