@@ -28,7 +28,6 @@ Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10]``.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from experiments.arms import (
     time_to,
     write_markdown,
 )
+from tba.report import read_jsonl, staleness_counts
 
 TARGETS = (0.5, 0.6, 0.7, 0.8)
 PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1"}
@@ -61,16 +61,12 @@ STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 64)
 
 
 def trainer_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "trainer_metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return read_jsonl(run_dir / "trainer_metrics.jsonl")
 
 
 def staleness_histogram(rows: list[dict]) -> dict[str, float]:
     """Share of the samples trained on per staleness bucket (``"0"``, ``"1"``, ``"2"``, ``"3-4"``, ... ``">64"``)."""
-    counts: dict[int, int] = {}
-    for row in rows:
-        for staleness, n in row["staleness_hist"].items():
-            counts[int(staleness)] = counts.get(int(staleness), 0) + n
+    counts = staleness_counts(rows)
     total = sum(counts.values()) or 1
     out, low = {}, 0
     for high in STALENESS_BUCKETS:
@@ -113,10 +109,8 @@ def cycle_parts(rows: list[dict]) -> dict[str, float] | None:
 def work_per_batch(run_dir: Path) -> dict[str, float] | None:
     """Mean seconds of each part of the work, from the last status the run polled: the searcher's generate call,
     its scoring and publishing, its reload pause, and the trainer's checkpoint publish."""
-    path = run_dir / "timeline.jsonl"
     last = None
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        snap = json.loads(line)
+    for snap in read_jsonl(run_dir / "timeline.jsonl"):
         searcher = snap.get("searchers", {}).get("searcher-0", {})
         if searcher.get("batches") and snap.get("trainer", {}).get("publish_s_mean") is not None:
             last = snap

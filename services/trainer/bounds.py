@@ -30,33 +30,28 @@ class ReuseBound:
     """Samples consumed against samples generated over the run; ``max_reuse`` None: no bound (the ratio is
     still measured).
 
-    ``consumed`` counts from the run's start (a resumed trainer passes what it had trained on). The buffer's
-    counter is read as is, plus an ``offset`` for the two cases where it does not cover the run: a resumed
-    trainer whose buffer started afresh (:meth:`start` lets its first batch come, then counts on), and a
-    buffer whose Redis restarted empty mid-run (its counter goes back: :meth:`read` carries on from before).
+    ``consumed`` is the trainer's own count of samples trained on over the run (a resumed trainer's comes
+    from its checkpoint). The buffer's counter is read as is, plus an ``offset`` for the two cases where it
+    does not cover the run: a resumed trainer whose buffer started afresh (:meth:`start` lets its first batch
+    come, then counts on), and a buffer whose Redis restarted empty mid-run (its counter goes back:
+    :meth:`read` carries on from before).
     """
 
-    def __init__(self, max_reuse: float | None, consumed: int = 0) -> None:
+    def __init__(self, max_reuse: float | None) -> None:
         self.max_reuse = max_reuse
-        self.consumed = consumed
         self.offset: int | None = None  # None until start()
         self.counter = 0  # the buffer's counter at the newest reading
 
-    def start(self, counter: int, batch: int) -> None:
-        """Before the first batch: the buffer's counter now, and the batch's size in samples."""
+    def start(self, counter: int, consumed: int, batch: int) -> None:
+        """Before the first batch: the buffer's counter now, the samples consumed so far, the batch's size."""
         self.counter = counter
-        self.offset = max(0, self._needed(batch) - counter)
+        self.offset = max(0, self._needed(consumed, batch) - counter)
 
-    def min_generated(self, batch: int) -> int | None:
-        """The buffer's counter a batch of ``batch`` samples needs now (None: no bound)."""
+    def min_generated(self, consumed: int, batch: int) -> int | None:
+        """The buffer's counter a batch of ``batch`` samples needs after ``consumed`` (None: no bound)."""
         if self.max_reuse is None or self.offset is None:
             return None
-        return max(0, self._needed(batch) - self.offset)
-
-    def served(self, samples: int, counter: int | None) -> None:
-        """A batch of ``samples`` was served when the buffer's counter read ``counter``."""
-        self.consumed += samples
-        self.read(counter)
+        return max(0, self._needed(consumed, batch) - self.offset)
 
     def read(self, counter: int | None) -> None:
         """A reading of the buffer's counter (None: a buffer that does not report it)."""
@@ -70,12 +65,11 @@ class ReuseBound:
     def generated(self) -> int:
         return self.counter + (self.offset or 0)
 
-    @property
-    def ratio(self) -> float | None:
+    def ratio(self, consumed: int) -> float | None:
         """Samples consumed per sample generated over the run (None before anything was generated)."""
-        return self.consumed / self.generated if self.generated > 0 else None
+        return consumed / self.generated if self.generated > 0 else None
 
-    def _needed(self, batch: int) -> int:
+    def _needed(self, consumed: int, batch: int) -> int:
         if self.max_reuse is None:
             return 0
-        return math.ceil((self.consumed + batch) / self.max_reuse - 1e-9)
+        return math.ceil((consumed + batch) / self.max_reuse - 1e-9)

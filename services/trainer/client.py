@@ -26,18 +26,13 @@ from tba.schemas import SampledBatch, SampleRequest
 log = logging.getLogger(__name__)
 
 
-def _error_code(resp: httpx.Response) -> str | None:
+def _error(resp: httpx.Response) -> tuple[str | None, str]:
+    """The code and message of the buffer's error answer (no code, and the text's head, if it is not one)."""
     try:
-        return resp.json()["error"]["code"]
+        error = resp.json()["error"]
+        return error["code"], str(error["message"])
     except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _error_message(resp: httpx.Response) -> str:
-    try:
-        return str(resp.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:200]
+        return None, resp.text[:200]
 
 
 @dataclass(frozen=True)
@@ -94,8 +89,8 @@ class BufferClient:
             timeout=self.timeout + request.wait_seconds,  # the buffer may hold the request that long
         )
         if resp.status_code == 409:
-            code = _error_code(resp) or "not_enough_samples"
-            message = _error_message(resp)
+            code, message = _error(resp)
+            code = code or "not_enough_samples"
             if code == "objective_mismatch":
                 raise BufferRequestError(f"the buffer refuses this trainer: {message}")
             return NotServed(code, message)

@@ -71,7 +71,6 @@ class Trainer:
         self.beta = self.beta_schedule(1)
         self.samples_seen = 0
         self.tokens_seen = 0
-        self.publish_seconds, self.publishes = 0.0, 0  # checkpoints published by this process and their time
         self.batch_samples = settings.prompts_per_step * settings.train_samples_per_prompt
         self.reuse = ReuseBound(settings.max_reuse if settings.mode == "async" else None)
         self.health: HealthServer | None = None
@@ -188,7 +187,6 @@ class Trainer:
             st = resume.state
             self.step, self.published, self.beta = st.step, resume.manifest.version, st.beta
             self.samples_seen, self.tokens_seen = st.samples_seen, st.tokens_seen
-            self.reuse.consumed = st.samples_seen
             self._seconds_before = st.run_seconds
             log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
         else:
@@ -264,7 +262,6 @@ class Trainer:
             samples_seen=self.samples_seen,
             tokens_seen=self.tokens_seen,
             run_seconds=round(self.run_seconds(), 1),
-            publish_s_mean=round(self.publish_seconds / self.publishes, 4) if self.publishes else None,
         )
         return out
 
@@ -330,7 +327,7 @@ class Trainer:
             self.metrics.set_buffer_failures(self.client.failures)
             have = int(stats.get("samples", 0))
             if have >= need:
-                self.reuse.start(int(stats.get("samples_ingested", 0)), self.batch_samples)
+                self.reuse.start(int(stats.get("samples_ingested", 0)), self.samples_seen, self.batch_samples)
                 break
             if time.monotonic() - last_log > 10:
                 log.info("warm-up: the buffer holds %d of %d samples", have, need)
@@ -354,7 +351,7 @@ class Trainer:
             recent_versions=s.recent_versions or self.k,
             max_staleness=None if sync else s.max_staleness,
             only_version=self.step if sync else None,
-            min_samples_generated=None if sync else self.reuse.min_generated(self.batch_samples),
+            min_samples_generated=None if sync else self.reuse.min_generated(self.samples_seen, self.batch_samples),
             wait_seconds=s.sample_wait_seconds,
             seed=None if s.sample_seed is None else s.sample_seed + self.step,
             temperature=s.temperature,
@@ -376,7 +373,7 @@ class Trainer:
             self.metrics.set_buffer_failures(self.client.failures)
             now = time.monotonic()
             if isinstance(answer, SampledBatch):
-                self.reuse.served(self.batch_samples, answer.samples_generated)
+                self.reuse.read(answer.samples_generated)
                 self.metrics.add_wait(now - mark, reason)
                 return answer, now - start, reason
             reason = ON_POLICY if sync else WAIT_REASONS.get(answer.code, answer.code)
@@ -415,7 +412,7 @@ class Trainer:
         self.beta = beta
         self.samples_seen += result.samples
         self.tokens_seen += result.tokens
-        self.metrics.record(self.step, beta, result, wait_s, wait_reason, self.reuse.ratio)
+        self.metrics.record(self.step, beta, result, wait_s, wait_reason, self.reuse.ratio(self.samples_seen))
         return True
 
     # ---- checkpoints --------------------------------------------------------------------------------------
@@ -462,9 +459,7 @@ class Trainer:
         self.announcer.announce(manifest)
         deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds, s.max_checkpoints_on_disk)
         seconds = time.perf_counter() - start
-        self.metrics.checkpoint_seconds.observe(seconds)
-        self.publish_seconds += seconds
-        self.publishes += 1
+        self.metrics.published(seconds)
         log.info(
             "published checkpoint v%d in %.2f s%s", manifest.version, seconds, f" (pruned {deleted})" if deleted else ""
         )

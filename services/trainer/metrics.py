@@ -35,6 +35,7 @@ class TrainerMetrics:
         self.max_steps = max_steps
         self.tracker: Tracker | None = None  # TensorBoard / W&B, set by the trainer's main rank
         self._lock = threading.Lock()
+        self._publishes, self._publish_seconds = 0, 0.0  # checkpoints published by this process, their time
         self._status: dict[str, Any] = {
             "state": "starting",
             "step": 0,
@@ -50,6 +51,7 @@ class TrainerMetrics:
             "wait_s": 0.0,
             "waiting_for": None,
             "reuse": None,
+            "publish_s_mean": None,
             "staleness": {},
             "staleness_mean": None,
             "buffer_failures": 0,
@@ -124,6 +126,14 @@ class TrainerMetrics:
         self.set_state("waiting")
         with self._lock:
             self._status["waiting_for"] = reason
+
+    def published(self, seconds: float) -> None:
+        """A checkpoint was published in ``seconds``; ``/status`` keeps the mean (a synchronous step's part)."""
+        self.checkpoint_seconds.observe(seconds)
+        with self._lock:
+            self._publishes += 1
+            self._publish_seconds += seconds
+            self._status["publish_s_mean"] = round(self._publish_seconds / self._publishes, 4)
 
     def set_buffer_failures(self, total: int) -> None:
         with self._lock:
