@@ -294,10 +294,16 @@ class System:
         self.config = config
         self.run_dir = run_dir
         self.token = secrets.token_urlsafe(16)
+        self.redis_password = secrets.token_urlsafe(16)
         self.proc: subprocess.Popen[bytes] | None = None
         self.t0 = 0.0
         self.seen: dict[int, str] = {}  # every process of the run ever seen (pid -> start time): none may outlive it
         self.http = httpx.Client(timeout=2.0, headers={"Authorization": f"Bearer {self.token}"})
+
+    def redis_url(self) -> str:
+        """The run's Redis, password included (the summary shows it redacted)."""
+        endpoints = wait_for("running summary", lambda: self.summary().get("endpoints"), 120)
+        return endpoints["redis"].replace("***", f":{self.redis_password}", 1)
 
     @property
     def store(self) -> CheckpointStore:
@@ -308,6 +314,7 @@ class System:
         env = {
             **os.environ,
             "TBA_AUTH_TOKEN": self.token,
+            "REDIS_PASSWORD": self.redis_password,
             "TBA_NAMESPACE": NAMESPACE,
             # Checkpoints stay on disk long enough to be verified when announced, and few enough to stay small.
             "TBA_CHECKPOINT_GRACE_SECONDS": "15",
@@ -721,8 +728,7 @@ def run_chaos(config: ChaosConfig, run_dir: Path, say: Callable[[str], None] = p
     audit: Audit | None = None
     checks: dict[str, Check] = {}
     try:
-        endpoints = wait_for("running summary", lambda: system.summary().get("endpoints"), 120)
-        audit = Audit(endpoints["redis"], system.store, system.t0).start()
+        audit = Audit(system.redis_url(), system.store, system.t0).start()
         if not audit.group_ready.wait(30):
             raise RuntimeError("could not put the audit group on the stream")
         wait_for("first checkpoint", lambda: audit.newest_version() > 0 or not system.running(), 900)

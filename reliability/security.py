@@ -14,8 +14,9 @@ and a real ``tba buffer`` holding a bearer token, then checks:
    it stays up, answers ``/readyz`` with 503 and a reason, and stores nothing.
 3. **No secret anywhere it could leak.** The token and the password appear in none of the buffers'
    logs, the answers of ``/v1/stats``, ``/metrics``, ``/readyz`` and of every refused request, nor in
-   what the buffer keeps in Redis or in Redis's own files. (The whole stack with a Redis password,
-   searchers and trainer included, is the container smoke run: ``make smoke``.)
+   what the buffer keeps in Redis or in Redis's own files; nor anywhere in a short ``tba up`` run given
+   both (every file of its run directory: checkpoints with the trainer's state, logs, summary, report,
+   TensorBoard and W&B files; and its output).
 4. **Containers.** Every service of docker-compose.yml runs as a non-root user on a read-only root
    file system, every Dockerfile ends as a numeric non-root user, and every container of the
    Kubernetes manifests sets ``runAsNonRoot`` and ``readOnlyRootFilesystem`` (where it is defined;
@@ -28,9 +29,11 @@ the same checks (with fewer timed requests) and asserts them without writing it.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -297,6 +300,53 @@ def leaks(secrets_: dict[str, str], texts: Iterable[str], files: Iterable[Path])
     return found
 
 
+def files_under(root: Path) -> list[Path]:
+    return sorted(path for path in root.rglob("*") if path.is_file())
+
+
+def local_run_leaks(run_dir: Path, secrets_: dict[str, str], output: Iterable[str] = ()) -> list[str]:
+    """Where any secret occurs in what a ``tba up`` run wrote: every file of its run directory (the services'
+    logs, the checkpoints with the trainer's state, the summary, timeline, report, TensorBoard and W&B files,
+    Redis's own files) and its console ``output``."""
+    return leaks(secrets_, output, files_under(run_dir))
+
+
+def check_local_run(work: Path, token: str, password: str, result: SecurityResult, max_steps: int = 6) -> None:
+    """A short ``tba up`` with both secrets given, as a user gives them (``TBA_AUTH_TOKEN``, ``REDIS_PASSWORD``);
+    then every file it wrote is searched for them."""
+    from tba.cli import tba_command
+    from tba.model.sft import ensure_base_model
+
+    run_dir = work / "run"
+    env = {**os.environ, "TBA_AUTH_TOKEN": token, "REDIS_PASSWORD": password, "TBA_CHECKPOINT_EVERY": "2"}
+    cmd = tba_command(
+        "up",
+        no_console=True,
+        searchers=1,
+        minutes=5,
+        max_steps=max_steps,
+        run_dir=run_dir,
+        base_model=ensure_base_model(),
+        eval_every=20,
+        eval_prompts=20,
+        wandb="offline",
+    )
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    checkpoints = len(list((run_dir / "checkpoints").glob("step-*")))
+    found = local_run_leaks(run_dir, {"token": token, "Redis password": password}, [proc.stdout, proc.stderr])
+    files = files_under(run_dir)
+    result.add(
+        "no secret in a whole `tba up` run directory (checkpoints, logs, summary, report, TensorBoard, W&B)",
+        len(files),
+        proc.returncode == 0 and checkpoints > 0 and not found,
+        f"tba up exited {proc.returncode}: {proc.stderr[-300:]}"
+        if proc.returncode
+        else "; ".join(found[:5])
+        if found
+        else f"{len(files)} files searched, {checkpoints} checkpoint(s) among them",
+    )
+
+
 # --- 4. containers ---
 
 
@@ -369,7 +419,9 @@ def _pod_spec(doc: object) -> dict | None:
 # --- the run ---
 
 
-def security(work: Path, timed_requests: int = TIMED_REQUESTS) -> SecurityResult:
+def security(work: Path, timed_requests: int = TIMED_REQUESTS, local_run: bool = True) -> SecurityResult:
+    """Every check; ``local_run``: also a short ``tba up`` whose run directory is searched (a minute or two; the
+    test suite searches its own end-to-end run's directory instead, tests/e2e/test_local_run.py)."""
     token, password = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     result = SecurityResult()
     answers: list[str] = []
@@ -387,6 +439,8 @@ def security(work: Path, timed_requests: int = TIMED_REQUESTS) -> SecurityResult
         not found,
         "; ".join(found[:5]) if found else f"{len(answers)} answers, {len(files)} files searched",
     )
+    if local_run:
+        check_local_run(work, token, password, result)
     check_containers(result)
     return result
 

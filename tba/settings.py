@@ -18,6 +18,7 @@ import socket
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +45,17 @@ class SettingsError(ValueError):
     """Invalid configuration; the message names the variable and the flag."""
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its password (and user name) replaced by ``***``: the one form in which a URL that may carry
+    credentials (``redis://:password@host``, ``https://user:token@host``) is logged, written or answered."""
+    if "@" not in url:
+        return url
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
 
@@ -59,6 +71,13 @@ class CommonSettings(BaseSettings):
     temperature: float = Field(0.7, gt=0.0, le=10.0, description="Sampling temperature T; log-probs use logits/T.")
 
     _deprecations: list[str] = PrivateAttr(default_factory=list)  # warnings about deprecated names read
+
+    def public_dump(self) -> dict[str, Any]:
+        """These settings as JSON values with no secret in them: the auth token left out, the password of every
+        URL redacted. What a service writes to disk, a tracker or an answer (checkpoints' trainer state, the
+        TensorBoard and W&B config) goes through here, and only this."""
+        dumped = self.model_dump(mode="json", exclude={"auth_token"})
+        return {k: redact_url(v) if isinstance(v, str) and "://" in v else v for k, v in dumped.items()}
 
     def log_deprecations(self) -> None:
         """Log each warning about a deprecated name these settings were read from, once per process.

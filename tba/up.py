@@ -26,12 +26,14 @@ import secrets
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 from tba.health import free_port
 from tba.lifetime import parse_cpu_list
+from tba.settings import redact_url
 from tba.tracking import Tracker
 
 HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."
@@ -224,7 +226,10 @@ class LocalRun:
         self.ckpt_dir = run_dir / "checkpoints"
         self.sup = Supervisor()
         self.stop = _Stop()
+        # The run's secrets: from the environment, else made for this run. Nothing the run writes holds them.
         self.token = os.environ.get("TBA_AUTH_TOKEN") or secrets.token_urlsafe(24)
+        self.redis_password = os.environ.get("REDIS_PASSWORD") or secrets.token_urlsafe(24)
+        self._secret_dir: Path | None = None  # where redis-server's password file lives during the run
         self.namespace = os.environ.get("TBA_NAMESPACE", "tba")
         self.t0 = time.time()
         self.redis_url = ""
@@ -258,13 +263,14 @@ class LocalRun:
         from tba.supervisor import Child
 
         redis_port, buffer_port = free_port(), free_port()
-        redis_url = self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        redis_url = self.redis_url = f"redis://:{self.redis_password}@127.0.0.1:{redis_port}/0"
         (self.run_dir / "redis").mkdir(exist_ok=True)
         self.sup.add(
             Child(
                 "redis",
                 [
                     shutil.which("redis-server") or "redis-server",
+                    str(self._redis_auth_file()),  # its password from a private file: not in argv, not in the run
                     *server_args(redis_port, self.run_dir / "redis"),
                 ],
                 dict(os.environ),
@@ -338,6 +344,15 @@ class LocalRun:
                 Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=self.args.searcher_cpus)
             )
         return buffer_url, status_urls
+
+    def _redis_auth_file(self) -> Path:
+        """A Redis config file holding only the password, in a directory of its own that only this user can read
+        (outside the run directory, removed when the run ends): redis-server reads it at each (re)start."""
+        self._secret_dir = Path(tempfile.mkdtemp(prefix="tba-up-"))
+        path = self._secret_dir / "redis-auth.conf"
+        path.touch(mode=0o600)
+        path.write_text(f"requirepass {self.redis_password}\n")
+        return path
 
     def _tracking_env(self) -> dict[str, str]:
         """The trainer writes TensorBoard events and its W&B run where the evaluations do (tba/tracking.py)."""
@@ -426,7 +441,6 @@ class LocalRun:
 
     # --- main loop ------------------------------------------------------
     def run(self) -> int:
-        from tba.dashboard import Observer
         from tba.model.sft import ensure_base_model
 
         s = self.args.searcher_settings
@@ -436,12 +450,21 @@ class LocalRun:
         self.t0 = time.time()  # the run's clock starts when the system does, not with the warm-up
         log.info("run directory %s, base model %s", self.run_dir, base_model)
         try:
+            return self._run(base_model)
+        finally:
+            if self._secret_dir is not None:
+                shutil.rmtree(self._secret_dir, ignore_errors=True)
+
+    def _run(self, base_model: Path) -> int:
+        from tba.dashboard import Observer
+
+        try:
             buffer_url, status_urls = self._start_services(base_model)
         except RuntimeError as err:
             log.error("start-up failed: %s", err)
             self.sup.stop_all()
             return 1
-        self.endpoints = {"redis": self.redis_url, "buffer": buffer_url, **status_urls}
+        self.endpoints = {"redis": redact_url(self.redis_url), "buffer": buffer_url, **status_urls}
         self.tracker = Tracker(
             self.run_dir / "tensorboard",
             name="eval",

@@ -28,7 +28,7 @@ from services.buffer.sampler import Sampler
 from services.buffer.store import BufferStore
 from tba.redis_client import async_client
 from tba.schemas import SampleRequest, ScoredGroup
-from tba.settings import BufferSettings
+from tba.settings import BufferSettings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def create_app(settings: BufferSettings) -> FastAPI:
         app.state.ingest_task = task
         log.info(
             "buffer ready: redis %s, namespace %r, ingest %s",
-            _safe_url(settings.redis_url),
+            redact_url(settings.redis_url),
             settings.namespace,
             "on" if task else "off",
         )
@@ -125,7 +125,7 @@ async def readiness(app: FastAPI) -> tuple[bool, str]:
         else:
             policies = {(await client.info("memory")).get("maxmemory_policy", "unknown")}
     except Exception as err:  # noqa: BLE001 (any failure to reach Redis means not ready)
-        return False, f"Redis at {_safe_url(app.state.settings.redis_url)} is unreachable: {type(err).__name__}: {err}"
+        return False, f"Redis at {redact_url(app.state.settings.redis_url)} is unreachable: {type(err).__name__}: {err}"
     policy = next((p for p in sorted(policies) if p in EVICTING_POLICIES), None)
     if policy is not None:
         return False, (
@@ -160,11 +160,3 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components[model.__name__] = js
     app.openapi_schema = schema
     return schema
-
-
-def _safe_url(url: str) -> str:
-    """The Redis URL without its password, for logs and messages."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -135,7 +135,7 @@ class Trainer:
             wandb_project=s.wandb_project,
             wandb_group=s.wandb_group,
             wandb_dir=s.wandb_dir,
-            config=s.model_dump(mode="json", exclude={"auth_token", "redis_url"}),
+            config=s.public_dump(),
         )
         if s.loss == "grpo" and s.mode == "async":
             log.warning(
@@ -429,7 +429,7 @@ class Trainer:
             samples_seen=self.samples_seen,
             tokens_seen=self.tokens_seen,
             run_seconds=self.run_seconds(),
-            settings=s.model_dump(mode="json", exclude={"auth_token"}),
+            settings=s.public_dump(),
         )
         self.ranks.broadcast(("publish",))
         model_state, optimizer_state = full_state(self.learner.model, self.learner.optimizer, self.ranks)

@@ -85,10 +85,13 @@ def test_one_searcher_per_gpu_override(tmp_path: Path) -> None:
 
 def test_trainer_on_four_gpus_override(tmp_path: Path) -> None:
     """N GPUs for the trainer: as many ranks (TBA_TRAINER_PROCS) as GPUs reserved, shared memory for NCCL."""
-    trainer = compose_config("trainer-gpus", tmp_path)["services"]["trainer"]
+    services = compose_config("trainer-gpus", tmp_path)["services"]
+    trainer = services["trainer"]
     ids = _gpu_ids(trainer)
     assert ids == [["0", "1", "2", "3"]] and trainer["environment"]["TBA_TRAINER_PROCS"] == str(len(ids[0]))
     assert int(trainer["shm_size"]) >= 1 << 30
+    # As documented, with no variable set: the searcher on a GPU of its own, not one of the ranks'.
+    assert _gpu_ids(services["searcher"]) == [["4"]]
 
 
 def test_cpu_override_drops_gpus_and_builds_cpu_images(tmp_path: Path) -> None:

@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.deploy.tools import OVERLAYS, ROOT, k8s_copy_with_secrets, kustomize, run, tool
 
 pytestmark = pytest.mark.deploy
+COMPONENT_LINE = re.compile(r"^(\s*)# - (\.\./\S+)$", re.M)  # an optional component, commented out
 
 
 @pytest.fixture(scope="module")
@@ -45,55 +48,87 @@ def test_overlay_renders_and_validates_strictly(overlay: str, k8s_dir: Path, tmp
     _validate(out)
 
 
-def gpu_with_component(k8s_dir: Path, tmp_path: Path, name: str, component: str) -> list[dict]:
-    """The gpu overlay with one optional component added, as a user adds it: rendered, strictly validated."""
-    overlay = k8s_dir / "overlays" / f"gpu-{name}"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [../gpu]\ncomponents: [{component}]\n"
-    )
-    out = tmp_path / f"{name}.yaml"
-    out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
+def optional_components(overlay: str) -> list[str]:
+    """The components an overlay lists commented out: what k8s/README.md tells a user to uncomment."""
+    text = (ROOT / "k8s" / "overlays" / overlay / "kustomization.yaml").read_text()
+    return [m.group(2) for m in COMPONENT_LINE.finditer(text)]
+
+
+def render_with(tmp_path: Path, overlay: str, *components: str) -> list[dict]:
+    """The overlay with ``components`` uncommented in its own kustomization.yaml, as the docs tell a user to add
+    them (no test-only overlay): rendered and strictly validated."""
+    path = k8s_copy_with_secrets(tmp_path) / "overlays" / overlay / "kustomization.yaml"
+    text = path.read_text()
+    for component in components:
+        text, n = re.subn(rf"^(\s*)# - ({re.escape(component)})$", r"\1- \2", text, flags=re.M)
+        assert n == 1, f"k8s/overlays/{overlay} does not list {component} as an optional component"
+    path.write_text(text)
+    proc = run([tool("kubectl"), "kustomize", str(path.parent)])
+    assert proc.returncode == 0, f"{overlay} + {components}: {proc.stderr}"
+    out = tmp_path / "rendered.yaml"
+    out.write_text(proc.stdout)
     _validate(out)
-    return kustomize(overlay)
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
-def test_autoscaler_component_renders_and_validates(k8s_dir: Path, tmp_path: Path) -> None:
-    docs = gpu_with_component(k8s_dir, tmp_path, "autoscaled", "../../components/searcher-autoscaler")
-    hpa = by_kind(docs, "HorizontalPodAutoscaler")["searcher"]
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "searcher"}
+MULTI_GPU, MULTI_NODE = "../../components/trainer-multi-gpu", "../../components/trainer-multi-node"
+AUTOSCALER, MONITORING = "../../components/searcher-autoscaler", "../../../monitoring"
+# Every combination the docs describe: each optional component alone, and one trainer layout with the rest.
+DOCUMENTED = [
+    *[("gpu", (c,)) for c in (MULTI_GPU, MULTI_NODE, AUTOSCALER, MONITORING)],
+    ("gpu", (MULTI_GPU, AUTOSCALER, MONITORING)),
+    ("gpu", (MULTI_NODE, AUTOSCALER, MONITORING)),
+    *[("cpu-dev", (c,)) for c in (AUTOSCALER, MONITORING)],
+    ("cpu-dev", (AUTOSCALER, MONITORING)),
+]
 
 
-def _with_components(k8s_dir: Path, name: str, *components: str) -> Path:
-    overlay = k8s_dir / "overlays" / name
-    overlay.mkdir(exist_ok=True)
-    listed = ", ".join(f"../../components/{c}" for c in components)
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [../gpu]\ncomponents: [{listed}]\n"
-    )
-    return overlay
+def test_the_overlays_offer_the_documented_components() -> None:
+    assert optional_components("gpu") == [MULTI_GPU, MULTI_NODE, AUTOSCALER, MONITORING]
+    assert optional_components("cpu-dev") == [AUTOSCALER, MONITORING]
+    readme = (ROOT / "k8s" / "README.md").read_text()
+    for component in (MULTI_GPU, MULTI_NODE, AUTOSCALER, MONITORING):
+        assert component.rsplit("/", 1)[1] in readme
 
 
-def test_multi_gpu_trainer_component_renders_and_validates(k8s_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("overlay", "components"), DOCUMENTED, ids=lambda v: v if isinstance(v, str) else "+".join(
+    c.rsplit("/", 1)[1] for c in v))
+def test_every_documented_combination_renders_with_its_gpus_and_replicas(
+    overlay: str, components: tuple[str, ...], tmp_path: Path
+) -> None:
+    docs = render_with(tmp_path, overlay, *components)
+    deployments = by_kind(docs, "Deployment")
+    searcher = _container(deployments["searcher"], "searcher")
+    if overlay == "gpu":
+        assert searcher["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert deployments["searcher"]["spec"]["replicas"] == 3
+    else:
+        assert "nvidia.com/gpu" not in str(docs)
+        assert deployments["searcher"]["spec"]["replicas"] == 2
+    if MULTI_NODE in components:
+        assert "trainer" not in deployments and by_kind(docs, "Job")["trainer"]
+    else:
+        trainer = _container(deployments["trainer"], "trainer")
+        procs = int({e["name"]: e.get("value") for e in trainer.get("env", [])}.get("TBA_TRAINER_PROCS", 1))
+        assert procs == (4 if MULTI_GPU in components else 1)
+        if overlay == "gpu":
+            assert trainer["resources"]["limits"]["nvidia.com/gpu"] == procs
+    assert ("HorizontalPodAutoscaler" in {d["kind"] for d in docs}) == (AUTOSCALER in components)
+
+
+def test_multi_gpu_trainer_component(tmp_path: Path) -> None:
     """One pod, N GPUs: `tba trainer` with TBA_TRAINER_PROCS=N runs itself as N ranks under torchrun."""
-    overlay = _with_components(k8s_dir, "gpu-multi-gpu", "trainer-multi-gpu")
-    trainer = by_kind(kustomize(overlay), "Deployment")["trainer"]
+    trainer = by_kind(render_with(tmp_path, "gpu", MULTI_GPU), "Deployment")["trainer"]
     container = _container(trainer, "trainer")
     procs = {e["name"]: e.get("value") for e in container["env"]}["TBA_TRAINER_PROCS"]
     assert container["command"] == ["tba", "trainer"]
     assert int(procs) == container["resources"]["limits"]["nvidia.com/gpu"] > 1
     assert any(m["mountPath"] == "/dev/shm" for m in container["volumeMounts"])
-    out = tmp_path / "multi-gpu.yaml"
-    out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
-    _validate(out)
 
 
-def test_multi_node_trainer_recipe_renders_and_validates(k8s_dir: Path, tmp_path: Path) -> None:
+def test_multi_node_trainer_component(tmp_path: Path) -> None:
     """Several nodes: an indexed Job whose pods meet at pod 0 through a headless Service, instead of the Deployment."""
-    overlay = _with_components(k8s_dir, "gpu-multi-node", "trainer-multi-node")
-    docs = kustomize(overlay)
+    docs = render_with(tmp_path, "gpu", MULTI_NODE)
     assert "trainer" not in by_kind(docs, "Deployment")
     job = by_kind(docs, "Job")["trainer"]
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
@@ -112,9 +147,22 @@ def test_multi_node_trainer_recipe_renders_and_validates(k8s_dir: Path, tmp_path
     metrics = by_kind(docs, "Service")["trainer-metrics"]
     assert metrics["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
     assert pod["securityContext"]["runAsNonRoot"] is True
-    out = tmp_path / "multi-node.yaml"
-    out.write_text(run([tool("kubectl"), "kustomize", str(overlay)]).stdout)
-    _validate(out)
+
+
+def test_autoscaler_component_and_its_metric_rule(tmp_path: Path) -> None:
+    """The HPA scales the searcher Deployment on the external metric that the shipped prometheus-adapter rule
+    serves, and the docs state the replica range it imposes over the overlay's count."""
+    hpa = by_kind(render_with(tmp_path, "gpu", AUTOSCALER), "HorizontalPodAutoscaler")["searcher"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "searcher"}
+    (metric,) = hpa["spec"]["metrics"]
+    component = ROOT / "k8s" / "components" / "searcher-autoscaler"
+    values = yaml.safe_load((component / "prometheus-adapter-values.yaml").read_text())
+    (rule,) = values["rules"]["external"]
+    assert rule["name"]["as"] == metric["external"]["metric"]["name"]
+    assert rule["seriesQuery"].startswith("tba_trainer_wait_seconds_total")
+    low, high = hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]
+    for doc in (component / "kustomization.yaml", ROOT / "k8s" / "README.md"):
+        assert f"minReplicas ({low})" in doc.read_text() and f"maxReplicas ({high})" in doc.read_text(), doc
 
 
 def test_a_misspelt_field_is_caught(k8s_dir: Path, tmp_path: Path) -> None:
@@ -268,10 +316,8 @@ def test_settings_config_map_is_referenced_by_its_generated_name(overlay: str, r
         assert ref["configMapRef"]["name"] == config_map["metadata"]["name"]
 
 
-def test_monitoring_component_ships_the_dashboard_and_marks_every_service_for_scraping(
-    k8s_dir: Path, tmp_path: Path
-) -> None:
-    docs = gpu_with_component(k8s_dir, tmp_path, "monitored", "../../../monitoring")
+def test_monitoring_component_ships_the_dashboard_and_marks_every_service_for_scraping(tmp_path: Path) -> None:
+    docs = render_with(tmp_path, "gpu", MONITORING)
     dashboard = by_kind(docs, "ConfigMap")["tba-grafana-dashboard"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["metadata"]["namespace"] == "monitoring"  # where the network policy lets Prometheus in

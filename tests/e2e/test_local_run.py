@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reliability.procs import running_with
+from reliability.security import files_under, local_run_leaks
 from tba.cli import tba_command
 from tests.prometheus import Prometheus, dashboard_expressions, metric_names
 
@@ -26,6 +28,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 
 STEPS = int(os.environ.get("TBA_E2E_STEPS", "24"))
 MINUTES = float(os.environ.get("TBA_E2E_MINUTES", "12"))
+# The run's secrets, given as a user gives them: none may appear in anything it writes.
+SECRETS = {"TBA_AUTH_TOKEN": f"tok-{secrets.token_urlsafe(18)}", "REDIS_PASSWORD": f"pw-{secrets.token_urlsafe(18)}"}
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +38,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> Iterator[d
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     env = {
         **os.environ,
+        **SECRETS,
         "TBA_CHECKPOINT_EVERY": "2",
         "TBA_WARMUP_SAMPLES": "64",
         "TBA_CHECKPOINT_GRACE_SECONDS": "5",
@@ -77,6 +82,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> Iterator[d
         "dir": run_dir,
         "summary": summary,
         "stdout": stdout,
+        "stderr": stderr,
         "prometheus": prometheus,
         "period": (started, time.time()),
     }
@@ -97,6 +103,16 @@ def _running_endpoints(run_dir: Path, proc: subprocess.Popen) -> dict[str, str] 
             return {name: url.removeprefix("http://") for name, url in endpoints.items() if name != "redis"}
         time.sleep(0.5)
     return None
+
+
+def test_no_secret_in_anything_the_run_wrote(run: dict) -> None:
+    """The token and the Redis password reach every service (the run worked with both), yet no file of the run
+    directory (checkpoints and the trainer state in each, logs, summary, report, TensorBoard and W&B files,
+    Redis's own files) and none of its output holds either: the one redaction is tba.settings."""
+    files = files_under(run["dir"])
+    assert any(p.name == "state.json" for p in files) and any(p.suffix == ".html" for p in files)
+    assert local_run_leaks(run["dir"], SECRETS, [run["stdout"], run["stderr"]]) == []
+    assert run["summary"]["endpoints"]["redis"].startswith("redis://***@127.0.0.1:")
 
 
 def test_trainer_published_versions(run: dict) -> None:

@@ -9,7 +9,7 @@ from reliability.security import SecurityResult, check_containers, leaks, securi
 
 
 def test_token_redis_password_secrets_and_containers(tmp_path: Path) -> None:
-    result = security(tmp_path, timed_requests=20)
+    result = security(tmp_path, timed_requests=20, local_run=False)  # tests/e2e/test_local_run.py searches a run
     failed = [f"{c.what}: {c.detail}" for c in result.checks if not c.passed]
     assert failed == []
     names = " | ".join(c.what for c in result.checks)

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.buffer import redis_scripts
-from services.buffer.app import _safe_url
 from services.buffer.auth import BearerAuth
 from services.buffer.errors import ApiError
 from services.buffer.metrics import RateTracker
@@ -132,11 +131,6 @@ def test_every_lua_script_ships_as_package_data_and_a_missing_one_fails_loudly()
     with pytest.raises(RuntimeError, match="missing.lua is missing"):
         redis_scripts.read_lua("missing.lua")
     assert redis_scripts.PICK_PROMPTS.startswith("#!lua flags=no-writes\nlocal VERSION_SHIFT = 4294967296\n")
-
-
-def test_redis_passwords_stay_out_of_messages() -> None:
-    assert _safe_url("redis://:pw@host:6379/0") == "redis://***@host:6379/0"
-    assert _safe_url("redis://host:6379/0") == "redis://host:6379/0"
 
 
 def test_the_buffer_imports_no_ml_library() -> None:

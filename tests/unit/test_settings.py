@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tba.settings import (
     TrainerSettings,
     add_settings_arguments,
     load_settings,
+    redact_url,
 )
 
 
@@ -267,3 +269,25 @@ def test_the_services_commands_read_the_old_variable_and_log_the_warning(
     assert main(["searcher", "--model", str(tmp_path / "nope")]) == 2  # stops at its start-up checks
     err = capsys.readouterr().err
     assert f"{OLD} / --samples-per-prompt is deprecated" in err and f"Its value 4 is used for {S}" in err
+
+
+def test_urls_lose_their_password_wherever_they_are_shown() -> None:
+    assert redact_url("redis://:pw@host:6379/0") == "redis://***@host:6379/0"
+    assert redact_url("rediss://user:p@ss@host:6380") == "rediss://***@host:6380"
+    assert redact_url("https://user:tok@buffer:8400/x?y=1") == "https://***@buffer:8400/x?y=1"
+    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+
+
+def test_the_public_dump_carries_no_secret() -> None:
+    """What the trainer writes into every checkpoint and its trackers: the settings without the token or the
+    Redis password, everything else kept."""
+    s = TrainerSettings(
+        redis_url="redis://:hunter2-pw@redis:6379/0", auth_token="tok-s3cret", buffer_url="http://u:bpw@buffer:8400"
+    )
+    dumped = s.public_dump()
+    text = json.dumps(dumped)
+    for secret in ("hunter2-pw", "tok-s3cret", "bpw"):
+        assert secret not in text
+    assert "auth_token" not in dumped
+    assert dumped["redis_url"] == "redis://***@redis:6379/0" and dumped["buffer_url"] == "http://***@buffer:8400"
+    assert dumped["lr"] == s.lr and set(dumped) == set(TrainerSettings.model_fields) - {"auth_token"}
