@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from tba.settings import SearcherSettings
-from tba.tasks import Task, make_task, task_names
+from tba.tasks import Task, make_task, task_class
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 
@@ -21,8 +21,10 @@ class StartupError(RuntimeError):
 
 
 def check_task(settings: SearcherSettings) -> Task:
-    if settings.task not in task_names():
-        raise StartupError(f"TBA_TASK / --task: unknown task {settings.task!r}; known tasks: {', '.join(task_names())}")
+    try:
+        task_class(settings.task)
+    except ValueError as err:
+        raise StartupError(f"TBA_TASK / --task: {err}") from None
     try:
         return make_task(settings.task, settings.task_options)
     except (ValueError, TypeError) as err:

@@ -17,6 +17,7 @@ the held-out split is too.
 from __future__ import annotations
 
 import hashlib
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -110,12 +111,28 @@ def task_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_task(name: str, options: dict[str, Any] | None = None, *, chat: bool = False) -> Task:
-    """Build a registered task in plain or chat form; unknown names and options get an error naming them."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
+def task_class(name: str) -> Callable[..., Task]:
+    """A registered task by name, or a task of the user's own named ``package.module:ClassName`` (a
+    :class:`Task` subclass importable where the services run: installed, or on ``PYTHONPATH``)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    module, sep, attr = name.partition(":")
+    if not sep:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}, or package.module:Class")
     try:
-        task = _REGISTRY[name](**(options or {}))
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"task {name!r}: cannot import {attr} from {module}: {err}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ValueError(f"task {name!r} is not a subclass of tba.tasks.Task")
+    return cls
+
+
+def make_task(name: str, options: dict[str, Any] | None = None, *, chat: bool = False) -> Task:
+    """Build a task (:func:`task_class`) in plain or chat form; unknown names and options get an error naming them."""
+    cls = task_class(name)
+    try:
+        task = cls(**(options or {}))
     except TypeError as err:
         raise ValueError(f"bad options for task {name!r}: {err}") from None
     task.chat = chat

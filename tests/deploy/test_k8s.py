@@ -91,8 +91,11 @@ def test_the_overlays_offer_the_documented_components() -> None:
         assert component.rsplit("/", 1)[1] in readme
 
 
-@pytest.mark.parametrize(("overlay", "components"), DOCUMENTED, ids=lambda v: v if isinstance(v, str) else "+".join(
-    c.rsplit("/", 1)[1] for c in v))
+@pytest.mark.parametrize(
+    ("overlay", "components"),
+    DOCUMENTED,
+    ids=lambda v: v if isinstance(v, str) else "+".join(c.rsplit("/", 1)[1] for c in v),
+)
 def test_every_documented_combination_renders_with_its_gpus_and_replicas(
     overlay: str, components: tuple[str, ...], tmp_path: Path
 ) -> None:

@@ -2,7 +2,7 @@
 
 One ``tba up`` run on a small step budget (the run ends when the trainer has made
 ``STEPS`` steps, so a slow start on a busy machine only makes it longer, with
-``MINUTES`` as the guard); then every claim of the end-to-end issue is checked
+``MINUTES`` as the guard); then what the system promises end to end is checked
 against what the run left on disk and in its summary.
 """
 

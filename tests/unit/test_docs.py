@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -125,3 +126,23 @@ def test_nothing_points_outside_the_repository() -> None:
         data = (ROOT / path).read_bytes()
         offenders += [f"{path}: {needle}" for needle in OUTSIDE if needle.encode() in data]
     assert not offenders, "references to notes outside the repository:\n" + "\n".join(offenders)
+
+
+def test_the_readme_task_example_runs(tmp_path: Path, monkeypatch) -> None:
+    """README "Tasks": the task of your own, copied from the README as a user copies it, loads by
+    ``module:Class`` and scores its own held-out answers."""
+    from tba.tasks import make_task
+
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"```python\n# (\w+)\.py\n(.*?)```", readme, re.S)
+    assert match, "README: the task example is gone"
+    module, code = match.groups()
+    (tmp_path / f"{module}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    (name,) = re.findall(r"TBA_TASK=(\w+:\w+)", readme)
+    task = make_task(name)
+    held_out = task.eval_prompts(4)
+    assert len(held_out) == 4 and all(task.reward(p, p.answer) == 1.0 for p in held_out)
+    train = {p.prompt_id for p, _ in zip(task.train_prompts(0), range(100), strict=False)}
+    assert not train & {p.prompt_id for p in held_out}

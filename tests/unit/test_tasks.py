@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,55 @@ def take(task, seed: int, n: int) -> list[Prompt]:
 
 def test_registry_has_every_task() -> None:
     assert task_names() == ["arithmetic", "countdown", "gsm8k", "redteam", "reward-model", "sums"]
+
+
+def test_the_task_setting_names_every_registered_task() -> None:
+    from tba.settings import CommonSettings
+
+    description = CommonSettings.model_fields["task"].description or ""
+    assert all(name in description for name in task_names()), description
+
+
+CUSTOM_TASK = """
+import itertools
+from tba.tasks import Prompt, Task
+
+
+class Echo(Task):
+    \"\"\"Repeat the prompt's word: reward 1 for the exact word.\"\"\"
+
+    def __init__(self, word: str = "tba") -> None:
+        self.word = word
+
+    def train_prompts(self, seed):
+        return (Prompt(f"echo-{i}", f"say {self.word}:", self.word) for i in itertools.count())
+
+    def eval_prompts(self, n):
+        return [Prompt("echo-eval", f"say {self.word}:", self.word)][:n]
+
+    def reward(self, prompt, completion):
+        return float(completion.strip() == prompt.answer)
+
+
+NotATask = dict
+"""
+
+
+def test_a_task_of_your_own_by_module_and_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tba_custom_tasks.py").write_text(CUSTOM_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tba_custom_tasks", raising=False)
+    task = make_task("tba_custom_tasks:Echo", {"word": "hello"})
+    (prompt,) = task.eval_prompts(5)
+    assert task.rewards(prompt, ["hello", " hello ", "bye"]) == [1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="bad options for task 'tba_custom_tasks:Echo'.*colour"):
+        make_task("tba_custom_tasks:Echo", {"colour": "red"})
+    with pytest.raises(ValueError, match="'tba_custom_tasks:NotATask' is not a subclass of tba.tasks.Task"):
+        make_task("tba_custom_tasks:NotATask")
+    with pytest.raises(ValueError, match="cannot import Missing from tba_custom_tasks"):
+        make_task("tba_custom_tasks:Missing")
+    with pytest.raises(ValueError, match="cannot import Echo from no_such_module"):
+        make_task("no_such_module:Echo")
 
 
 def test_unknown_task_and_bad_options_are_named() -> None:
