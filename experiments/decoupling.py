@@ -135,7 +135,9 @@ def report(runs: dict[str, list[dict]], minutes: float, out: Path, results: Path
         f"## {seeds} seeds per arm",
         "",
         "Times to a target are counted from the trainer's first optimizer step (the launch's start-up, the same "
-        "in both arms, is left out; the ratios from launch follow the table).",
+        "in both arms, is left out; the ratios from launch follow the table). Peak learning rates: "
+        + ", ".join(f"{name} {max(row['lr'] for r in rs for row in r):.1e}" for name, rs in rows.items() if rs[0])
+        + ".",
         "",
         "| arm | "
         + " | ".join(f"time to {t:.0%} (s)" for t in TARGETS)

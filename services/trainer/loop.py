@@ -181,7 +181,7 @@ class Trainer:
         if self.ranks.distributed:
             model = shard(model)
         schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction, s.max_seconds)
-        optimizer, scheduler = build_optimizer(model, s.lr, s.weight_decay, schedule, self.run_seconds)
+        optimizer, scheduler = build_optimizer(model, s.peak_lr, s.weight_decay, schedule, self.run_seconds)
         if resume:
             restore_trainer_state(resume.directory, model, optimizer, scheduler, self.ranks)
             st = resume.state

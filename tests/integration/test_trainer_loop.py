@@ -355,8 +355,8 @@ def test_a_time_budget_decays_the_lr_to_zero_and_holds_across_a_restart(
     assert 8.0 <= time.monotonic() - started < 60
     lrs = [json.loads(x)["lr"] for x in s.metrics_file.read_text().splitlines()]
     assert len(lrs) >= 4, "too few steps to see a schedule"
-    assert lrs[0] == pytest.approx(s.lr), "stable phase at the peak"
-    assert lrs[-1] < 0.5 * s.lr and all(b <= a for a, b in zip(lrs, lrs[1:], strict=False)), lrs
+    assert lrs[0] == pytest.approx(s.peak_lr), "stable phase at the peak"
+    assert lrs[-1] < 0.5 * s.peak_lr and all(b <= a for a, b in zip(lrs, lrs[1:], strict=False)), lrs
     state = load_state(CheckpointStore(s.checkpoint_dir).resolve(CheckpointStore(s.checkpoint_dir).read_manifest()))
     assert state.step == len(lrs) and state.run_seconds >= 8.0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tba.settings import (
+    DEFAULT_LR,
     BufferSettings,
     CommonSettings,
     SearcherSettings,
@@ -42,6 +43,12 @@ def test_defaults() -> None:
     assert s.max_steps is None
 
 
+def test_the_learning_rate_defaults_to_the_modes_own() -> None:
+    assert TrainerSettings().lr is None and TrainerSettings().peak_lr == DEFAULT_LR["async"]
+    assert TrainerSettings(mode="sync").peak_lr == DEFAULT_LR["sync"] > DEFAULT_LR["async"]
+    assert TrainerSettings(mode="sync", lr=1e-4).peak_lr == 1e-4
+
+
 def test_env_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TBA_REDIS_URL", "redis://example:6380/2")
     monkeypatch.setenv("TBA_TASK", "countdown")
@@ -55,7 +62,7 @@ def test_env_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.checkpoint_dir == Path("/data/ckpt")
     assert s.auth_token is not None and s.auth_token.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(s)
-    assert s.lr == 3e-5
+    assert s.lr == s.peak_lr == 3e-5
 
 
 def test_cli_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
