@@ -46,6 +46,7 @@ lint: install
 	$(VENV)/bin/ruff check $(PY_DIRS)
 	$(VENV)/bin/ruff format --check $(PY_DIRS)
 	$(VENV)/bin/mypy
+	$(PY) scripts/check_layers.py
 
 # make tensorboard [RUNS=runs]: TensorBoard over every run's event files (the trainer's steps, the evaluations)
 tensorboard: install

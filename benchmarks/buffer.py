@@ -29,10 +29,10 @@ import httpx
 from benchmarks import Figure
 from services.buffer.ingest import Ingestor
 from services.buffer.store import BufferStore
-from tba.cli import tba_command
 from tba.codec import MSGPACK_MEDIA_TYPE, encode, pack
 from tba.health import free_port
 from tba.keys import STREAM_FIELD
+from tba.local.commands import tba_command
 from tba.redis_client import async_client, server_args
 from tba.schemas import SampleRequest, ScoredGroup, ScoredSample
 from tba.settings import BufferSettings

@@ -27,7 +27,7 @@ N_PROMPTS, NEW_TOKENS, ROUNDS = 200, 8, 3
 def _setup(tmp: Path):
     import torch
 
-    from tba.evaluate import load_model
+    from tba.model.evaluation import load_model
     from tba.model.tiny import init_model
     from tba.model.tokenizer import encode_prompt
     from tba.tasks import make_task

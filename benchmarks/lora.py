@@ -34,7 +34,8 @@ def _state(model_dir: Path, lora: bool):
     from transformers import AutoModelForCausalLM
 
     from services.trainer.optim import LRSchedule, build_optimizer
-    from tba.model.adapters import DEFAULT_TARGETS, wrap_for_training
+    from tba.model.adapters import wrap_for_training
+    from tba.settings import DEFAULT_TARGETS
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

@@ -53,8 +53,8 @@ import time
 from pathlib import Path
 
 from benchmarks import Figure
-from tba.cli import tba_command
 from tba.health import free_port
+from tba.local.commands import tba_command
 
 PART = "trainer"
 P, K, POOL_PROMPTS, MAX_NEW = 8, 8, 32, 16

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tba.cli import tba_command
+from tba.local.commands import tba_command
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from experiments.arms import (
     time_to,
     write_markdown,
 )
-from tba.report import read_jsonl, staleness_counts
+from tba.local.report import read_jsonl, staleness_counts
 
 TARGETS = (0.5, 0.6, 0.7, 0.8)
 PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1"}

@@ -37,7 +37,7 @@ SAMPLES = 16
 
 def measure(model_dir: Path, samples: int = SAMPLES) -> dict:
     """Distinct correct answers per prompt and sampled accuracy of one checkpoint, on every held-out prompt."""
-    from tba.evaluate import evaluate_checkpoint
+    from tba.model.evaluation import evaluate_checkpoint
 
     r = evaluate_checkpoint(model_dir, TASK, n_prompts=1000, samples=samples, pass_k=(1,), threads=0)
     return {

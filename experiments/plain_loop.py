@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from services.trainer.losses import LossInput, tb_loss
-    from tba.evaluate import greedy_accuracy, load_model
+    from tba.model.evaluation import greedy_accuracy, load_model
     from tba.model.generate import generate
     from tba.model.logprobs import sequence_logprobs
     from tba.model.sft import ensure_base_model

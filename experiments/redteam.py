@@ -72,7 +72,7 @@ def found(successes_dir: Path, since: float, until: float) -> dict:
 
 def policy(model_dir: Path) -> dict:
     """A policy's success rate on the held-out prompts: 16 samples each (at the searchers' temperature), greedy."""
-    from tba.evaluate import evaluate_checkpoint
+    from tba.model.evaluation import evaluate_checkpoint
 
     return evaluate_checkpoint(model_dir, "redteam", n_prompts=200, samples=SAMPLES, pass_k=(1,))
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tba.lifetime import command_line as cmdline
+from tba.local.lifetime import command_line as cmdline
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ def descendants(pid: int) -> set[int]:
 
 def guarded_service(up_pid: int, name: str) -> int | None:
     """Pid of the service ``name`` of the ``tba up`` process ``up_pid``: the only child of the guard
-    (tba/lifetime.py) that runs it, a child of ``tba up``; None while it is not running."""
+    (tba/local/lifetime.py) that runs it, a child of ``tba up``; None while it is not running."""
     for guard in children(up_pid):
         if f"--name {name} " in cmdline(guard):
             services = children(guard)

@@ -314,7 +314,7 @@ def local_run_leaks(run_dir: Path, secrets_: dict[str, str], output: Iterable[st
 def check_local_run(work: Path, token: str, password: str, result: SecurityResult, max_steps: int = 6) -> None:
     """A short ``tba up`` with both secrets given, as a user gives them (``TBA_AUTH_TOKEN``, ``REDIS_PASSWORD``);
     then every file it wrote is searched for them."""
-    from tba.cli import tba_command
+    from tba.local.commands import tba_command
     from tba.model.sft import ensure_base_model
 
     run_dir = work / "run"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from tba.cli import tba_command
 from tba.health import free_port
+from tba.local.commands import tba_command
 from tba.redis_client import server_args
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,9 @@
 """The ``tba`` command: one sub-command per service, plus the tools around them.
 
+The composition root: the one module of the shared package that names the services (by module path,
+imported when the command runs), so that ``tba/`` below it never depends on ``services/``
+(scripts/check_layers.py checks it).
+
 Each sub-command lives in its own module exposing ``HELP``, ``add_arguments``
 and ``main(args) -> int``. Those modules import torch, vLLM and friends only
 inside ``main``, so ``tba --help`` and ``tba buffer --help`` stay instant.
@@ -17,9 +21,9 @@ COMMANDS: dict[str, str] = {
     "buffer": "services.buffer.cli",
     "searcher": "services.searcher.cli",
     "trainer": "services.trainer.cli",
-    "up": "tba.up",
+    "up": "tba.local.up",
     "model": "tba.model.cli",
-    "eval": "tba.evaluate",
+    "eval": "tba.local.evaluate",
 }
 
 
@@ -36,20 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(p)
         p.set_defaults(_main=module.main)
     return parser
-
-
-def tba_command(*args: str, **flags: object) -> list[str]:
-    """``tba ARGS --flag value ...`` as an argv run by this interpreter (``python -m tba.cli``): how the
-    experiments, the reliability suite and the tests start the project's commands. A flag's name is its
-    keyword with dashes for underscores; True passes it bare, None and False leave it out."""
-    argv = [sys.executable, "-m", "tba.cli", *args]
-    for name, value in flags.items():
-        if value is None or value is False:
-            continue
-        argv.append("--" + name.replace("_", "-"))
-        if value is not True:
-            argv.append(str(value))
-    return argv
 
 
 def main(argv: list[str] | None = None) -> int:

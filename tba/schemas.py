@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -78,6 +79,29 @@ _INTEGRAL = BeforeValidator(_integral)
 Int = Annotated[int, _INTEGRAL]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], BeforeValidator(_integral_items), AfterValidator(_check_vocabulary)]
+
+
+class SearcherState(StrEnum):
+    """What a searcher says it is doing (``/status`` and ``/readyz``): one enumeration for the searcher that
+    sets it, its readiness and the console that shows it."""
+
+    LOADING = "loading"  # the engine is starting: the status server answers before the searcher exists
+    STARTING = "starting"
+    RUNNING = "running"
+    RELOADING = "reloading"
+    PAUSED_SPILL_FULL = "paused: spill queue full"
+    PAUSED_FOR_POLICY = "paused: waiting for a newer policy"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+    @property
+    def serving(self) -> bool:
+        """The engine is loaded and the searcher generates, or is about to: it is ready."""
+        return self in (SearcherState.RUNNING, SearcherState.RELOADING) or self.paused
+
+    @property
+    def paused(self) -> bool:
+        return self in (SearcherState.PAUSED_SPILL_FULL, SearcherState.PAUSED_FOR_POLICY)
 
 
 class _Strict(BaseModel):

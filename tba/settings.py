@@ -17,16 +17,17 @@ import os
 import socket
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
-from tba.model.adapters import DEFAULT_TARGETS
-
 ENV_PREFIX = "TBA_"
+# The modules that get LoRA adapters unless TBA_LORA_TARGET_MODULES says otherwise: the Llama family's linear
+# layers (Llama, Mistral, Qwen2, SmolLM2, the tiny model), every projection of attention and MLP.
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Bounded asynchrony's defaults, chosen by measurement (docs/results/decoupling.md).
 DEFAULT_MAX_STALENESS: int | None = 8
 DEFAULT_MAX_REUSE: float | None = 1.0
@@ -153,7 +154,11 @@ class ModelSettings(CommonSettings):
     )
 
 
-class TrainerSettings(ModelSettings):
+class ProcessSettings(BaseModel):
+    """Where the trainer runs and how it talks to the buffer: device, processes, budgets, waits."""
+
+    SECTION: ClassVar[str] = "trainer: process, budgets and waits"
+
     buffer_url: str = Field("http://127.0.0.1:8400", description="Base URL of the buffer service.")
     device: str = Field("cpu", description="Torch device (cpu, cuda, cuda:0).")
     torch_threads: int = Field(0, ge=0, description="CPU threads for torch (0: torch's default).")
@@ -163,79 +168,6 @@ class TrainerSettings(ModelSettings):
         le=1024,
         description="Trainer processes on this host: above 1, `tba trainer` "
         "runs itself under torchrun as that many FSDP2 ranks (on GPUs: one per GPU).",
-    )
-    loss: Literal["tb", "grpo"] = Field("tb", description="Loss: tb (Trajectory Balance) or grpo (on-policy baseline).")
-    mode: Literal["async", "sync"] = Field(
-        "async", description="async: off-policy replay; sync: current version only, a checkpoint every step."
-    )
-    prompts_per_step: int = Field(8, ge=1, le=512, description="P: prompts per optimizer step.")
-    train_samples_per_prompt: int = Field(
-        8, ge=2, le=128, description="K: samples per prompt in a training batch (log Z needs at least 2)."
-    )
-    recency_prob: float = Field(0.95, ge=0.0, le=1.0, description="m: probability of the recency branch.")
-    reward_inv_temp: float = Field(0.0, ge=0.0, description="Inverse temperature of the reward branch.")
-    recency_draw: Literal["distinct", "as_generated"] = Field(
-        "as_generated",
-        description="How the recency branch draws a prompt's K samples: uniformly among its distinct completions, "
-        "or as generated (a completion generated c times counts c times, as the policy's own distribution).",
-    )
-    max_staleness: int | None = Field(
-        DEFAULT_MAX_STALENESS,
-        ge=0,
-        le=2**21 - 1,
-        description="Staleness bound (async mode): train only on samples at most this many versions older than "
-        "the trainer's policy, waiting for fresh ones when too few are left (off: no bound).",
-    )
-    max_reuse: float | None = Field(
-        DEFAULT_MAX_REUSE,
-        gt=0.0,
-        le=1e6,
-        description="Reuse bound (async mode): samples trained on per sample generated, the update-to-data "
-        "ratio; the trainer waits for the searchers when it would exceed it (off: no bound).",
-    )
-    recent_versions: int | None = Field(
-        None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k)."
-    )
-    lr: float | None = Field(
-        None,
-        gt=0.0,
-        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: 1.5e-05 async, 6e-05 sync, "
-        "as an asynchronous trainer takes about twice the steps per second).",
-    )
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    lr_schedule: Literal["constant", "linear", "wsd"] = Field("constant", description="LR schedule after warmup.")
-    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
-    lr_decay_fraction: float = Field(
-        0.1, gt=0.0, le=1.0, description="wsd: final fraction of the run (max_steps or max_seconds) that decays."
-    )
-    beta_start: float = Field(0.05, gt=0.0, description="KL coefficient beta at step 1.")
-    beta_end: float | None = Field(
-        None,
-        gt=0.0,
-        description="KL coefficient beta after the anneal (unset: beta_start).",
-    )
-    beta_anneal_steps: int = Field(0, ge=0, description="Steps of the linear beta anneal (0: constant).")
-    grad_clip: float | None = Field(1.0, gt=0.0, description="Gradient-norm clip (unset: none).")
-    token_budget: int = Field(16384, ge=64, description="Padded tokens per micro-batch (gradient accumulation).")
-    prefix_sharing: bool = Field(
-        True,
-        description="Compute each prompt and each shared completion prefix once per "
-        "micro-batch (a 4D attention mask; models with sdpa or eager attention), else one "
-        "padded row per sample. Same sums and gradients either way.",
-    )
-    checkpoint_every: int = Field(2, ge=1, description="k: publish a checkpoint every k steps (sync mode: 1).")
-    keep_checkpoints: int = Field(3, ge=1, description="Published checkpoints kept on disk.")
-    checkpoint_grace_seconds: float = Field(
-        60.0,
-        ge=0.0,
-        description="Never delete a checkpoint younger than this "
-        "(a searcher may be loading it), unless max_checkpoints_on_disk are kept.",
-    )
-    max_checkpoints_on_disk: int = Field(
-        16,
-        ge=1,
-        description="Bound on checkpoints on disk, young ones included: "
-        "publishing every step would otherwise keep a grace period's worth.",
     )
     warmup_samples: int = Field(64, ge=0, description="Samples the buffer must hold before training starts.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (unset: run forever).")
@@ -254,6 +186,121 @@ class TrainerSettings(ModelSettings):
         "(a long-poll: it answers as soon as the samples arrive).",
     )
     request_timeout: float = Field(30.0, gt=0.0, description="Timeout of one buffer HTTP request in seconds.")
+
+
+class LossSettings(BaseModel):
+    """The objective: which loss, in which mode, and its KL coefficient beta."""
+
+    SECTION: ClassVar[str] = "trainer: loss and mode"
+
+    loss: Literal["tb", "grpo"] = Field("tb", description="Loss: tb (Trajectory Balance) or grpo (on-policy baseline).")
+    mode: Literal["async", "sync"] = Field(
+        "async", description="async: off-policy replay; sync: current version only, a checkpoint every step."
+    )
+    beta_start: float = Field(0.05, gt=0.0, description="KL coefficient beta at step 1.")
+    beta_end: float | None = Field(
+        None,
+        gt=0.0,
+        description="KL coefficient beta after the anneal (unset: beta_start).",
+    )
+    beta_anneal_steps: int = Field(0, ge=0, description="Steps of the linear beta anneal (0: constant).")
+
+
+class OptimizerSettings(BaseModel):
+    """The optimizer and its schedule, and how a batch becomes micro-batches."""
+
+    SECTION: ClassVar[str] = "trainer: optimizer"
+
+    lr: float | None = Field(
+        None,
+        gt=0.0,
+        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: 1.5e-05 async, 6e-05 sync, "
+        "as an asynchronous trainer takes about twice the steps per second).",
+    )
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    lr_schedule: Literal["constant", "linear", "wsd"] = Field("constant", description="LR schedule after warmup.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warmup steps.")
+    lr_decay_fraction: float = Field(
+        0.1, gt=0.0, le=1.0, description="wsd: final fraction of the run (max_steps or max_seconds) that decays."
+    )
+    grad_clip: float | None = Field(1.0, gt=0.0, description="Gradient-norm clip (unset: none).")
+    token_budget: int = Field(16384, ge=64, description="Padded tokens per micro-batch (gradient accumulation).")
+    prefix_sharing: bool = Field(
+        True,
+        description="Compute each prompt and each shared completion prefix once per "
+        "micro-batch (a 4D attention mask; models with sdpa or eager attention), else one "
+        "padded row per sample. Same sums and gradients either way.",
+    )
+
+
+class DrawSettings(BaseModel):
+    """What the trainer asks the buffer for: the batch, the sampling rule and the bounds of bounded asynchrony."""
+
+    SECTION: ClassVar[str] = "trainer: buffer draw and bounded asynchrony"
+
+    prompts_per_step: int = Field(8, ge=1, le=512, description="P: prompts per optimizer step.")
+    train_samples_per_prompt: int = Field(
+        8, ge=2, le=128, description="K: samples per prompt in a training batch (log Z needs at least 2)."
+    )
+    recency_prob: float = Field(0.95, ge=0.0, le=1.0, description="m: probability of the recency branch.")
+    reward_inv_temp: float = Field(0.0, ge=0.0, description="Inverse temperature of the reward branch.")
+    recency_draw: Literal["distinct", "as_generated"] = Field(
+        "as_generated",
+        description="How the recency branch draws a prompt's K samples: uniformly among its distinct completions, "
+        "or as generated (a completion generated c times counts c times, as the policy's own distribution).",
+    )
+    recent_versions: int | None = Field(
+        None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k)."
+    )
+    max_staleness: int | None = Field(
+        DEFAULT_MAX_STALENESS,
+        ge=0,
+        le=2**21 - 1,
+        description="Staleness bound (async mode): train only on samples at most this many versions older than "
+        "the trainer's policy, waiting for fresh ones when too few are left (off: no bound).",
+    )
+    max_reuse: float | None = Field(
+        DEFAULT_MAX_REUSE,
+        gt=0.0,
+        le=1e6,
+        description="Reuse bound (async mode): samples trained on per sample generated, the update-to-data "
+        "ratio; the trainer waits for the searchers when it would exceed it (off: no bound).",
+    )
+    sample_seed: int | None = Field(None, description="Seed the buffer's draws with this + step (reproducible runs).")
+
+    @field_validator("max_staleness", "max_reuse", mode="before")
+    @classmethod
+    def _bound_off(cls, v: Any) -> Any:
+        """A bound with a default is switched off by name: ``TBA_MAX_STALENESS=off`` (or ``none``)."""
+        return None if isinstance(v, str) and v.strip().lower() in ("off", "none") else v
+
+
+class PublishSettings(BaseModel):
+    """Publishing checkpoints: how often, and how many stay on disk."""
+
+    SECTION: ClassVar[str] = "trainer: publishing checkpoints"
+
+    checkpoint_every: int = Field(2, ge=1, description="k: publish a checkpoint every k steps (sync mode: 1).")
+    keep_checkpoints: int = Field(3, ge=1, description="Published checkpoints kept on disk.")
+    checkpoint_grace_seconds: float = Field(
+        60.0,
+        ge=0.0,
+        description="Never delete a checkpoint younger than this "
+        "(a searcher may be loading it), unless max_checkpoints_on_disk are kept.",
+    )
+    max_checkpoints_on_disk: int = Field(
+        16,
+        ge=1,
+        description="Bound on checkpoints on disk, young ones included: "
+        "publishing every step would otherwise keep a grace period's worth.",
+    )
+
+
+class TrackingSettings(BaseModel):
+    """Where the trainer's figures go besides /metrics: a JSON-lines file, TensorBoard, W&B."""
+
+    SECTION: ClassVar[str] = "trainer: tracking"
+
     metrics_file: Path | None = Field(None, description="Append one JSON line of metrics per step to this file.")
     tensorboard_dir: Path | None = Field(
         None,
@@ -272,7 +319,13 @@ class TrainerSettings(ModelSettings):
         description="W&B group: one system run's trainer and evaluation runs (tba up: the run directory's name).",
     )
     wandb_dir: Path | None = Field(None, description="Where W&B writes its files (unset: the working directory).")
-    sample_seed: int | None = Field(None, description="Seed the buffer's draws with this + step (reproducible runs).")
+
+
+class AdapterSettings(BaseModel):
+    """LoRA adapters when TBA_LORA_RANK is above 0."""
+
+    SECTION: ClassVar[str] = "trainer: LoRA adapters"
+
     lora_alpha: float = Field(16.0, gt=0.0, le=1e6, description="LoRA alpha (adapters scale by alpha / r).")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training.")
     lora_target_modules: list[str] = Field(
@@ -280,16 +333,23 @@ class TrainerSettings(ModelSettings):
         description="Module names (JSON list) that get adapters; the default is every attention and MLP projection.",
     )
 
+
+class TrainerSettings(
+    ModelSettings,
+    ProcessSettings,
+    LossSettings,
+    OptimizerSettings,
+    DrawSettings,
+    PublishSettings,
+    TrackingSettings,
+    AdapterSettings,
+):
+    """Every setting of the trainer: the model's (ModelSettings) and the groups above."""
+
     @property
     def peak_lr(self) -> float:
         """The peak learning rate: ``lr`` when set, else the mode's default."""
         return self.lr if self.lr is not None else DEFAULT_LR[self.mode]
-
-    @field_validator("max_staleness", "max_reuse", mode="before")
-    @classmethod
-    def _bound_off(cls, v: Any) -> Any:
-        """A bound with a default is switched off by name: ``TBA_MAX_STALENESS=off`` (or ``none``)."""
-        return None if isinstance(v, str) and v.strip().lower() in ("off", "none") else v
 
     @model_validator(mode="after")
     def _trainer_cross_checks(self) -> TrainerSettings:
@@ -308,6 +368,19 @@ class TrainerSettings(ModelSettings):
         if self.lora_rank and not self.lora_target_modules:
             raise ValueError("TBA_LORA_TARGET_MODULES is empty: name the modules that get adapters")
         return self
+
+
+# The trainer's settings in the groups people think in, in the order docs/configuration.md lists them;
+# TrainerSettings is all of them, and every variable keeps its flat name (TBA_LR, TBA_CHECKPOINT_EVERY, ...).
+TRAINER_GROUPS: tuple[type[BaseModel], ...] = (
+    LossSettings,
+    OptimizerSettings,
+    DrawSettings,
+    PublishSettings,
+    ProcessSettings,
+    TrackingSettings,
+    AdapterSettings,
+)
 
 
 class SearcherSettings(ModelSettings):
@@ -404,18 +477,39 @@ def _replacement(cls: type[CommonSettings], old: str) -> str | None:
     return next((new for new in DEPRECATED[old] if new in cls.model_fields), None)
 
 
+def setting_sections(cls: type[CommonSettings]) -> list[tuple[str, list[str]]]:
+    """``cls``'s fields in the sections people look for them in, each with its title: what every service
+    shares, the model, the trainer's groups (:data:`TRAINER_GROUPS`), then the service's own. The ``--help``
+    of each service and docs/configuration.md list them so."""
+    parts: list[tuple[str, type[BaseModel]]] = [("every service", CommonSettings)]
+    if issubclass(cls, ModelSettings):
+        parts.append(("the model (trainer and searchers)", ModelSettings))
+    if issubclass(cls, TrainerSettings):
+        parts += [(group.SECTION, group) for group in TRAINER_GROUPS]  # type: ignore[attr-defined]
+    sections, seen = [], set()
+    for title, part in [*parts, (f"{cls.__name__.removesuffix('Settings').lower()}", cls)]:
+        names = [n for n in part.model_fields if n not in seen and n in cls.model_fields]
+        seen.update(names)
+        if names:
+            sections.append((title, names))
+    return sections
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[CommonSettings]) -> None:
-    """One ``--flag`` per settings field; the env variable is named in its help."""
-    group = parser.add_argument_group("settings (flag or environment variable)")
-    for name, field in cls.model_fields.items():
-        default = field.get_default(call_default_factory=False)
-        shown = "(secret)" if name == "auth_token" else default
-        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
-        group.add_argument(_flag(name), dest=f"setting__{name}", default=None, metavar="VALUE", help=help_text)
+    """One ``--flag`` per settings field, in sections; the env variable is named in its help."""
+    for title, names in setting_sections(cls):
+        group = parser.add_argument_group(f"settings: {title} (flag or environment variable)")
+        for name in names:
+            field = cls.model_fields[name]
+            default = field.get_default(call_default_factory=False)
+            shown = "(secret)" if name == "auth_token" else default
+            help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
+            group.add_argument(_flag(name), dest=f"setting__{name}", default=None, metavar="VALUE", help=help_text)
+    deprecated = parser.add_argument_group("deprecated settings (flag or environment variable)")
     for old in DEPRECATED:
         new = _replacement(cls, old)
         if new is not None:
-            group.add_argument(
+            deprecated.add_argument(
                 _flag(old),
                 dest=f"deprecated__{old}",
                 default=None,

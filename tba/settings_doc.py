@@ -9,9 +9,18 @@ from __future__ import annotations
 import json
 import re
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
-from tba.settings import DEPRECATED, ENV_PREFIX, BufferSettings, CommonSettings, SearcherSettings, TrainerSettings
+from tba.settings import (
+    DEPRECATED,
+    ENV_PREFIX,
+    BufferSettings,
+    CommonSettings,
+    SearcherSettings,
+    TrainerSettings,
+    setting_sections,
+)
 
 START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
 SERVICES: dict[str, type[CommonSettings]] = {
@@ -36,13 +45,13 @@ FIRST = (
 )
 
 
-def table(only: tuple[str, ...] | None = None) -> str:
-    """The markdown table of every setting (``only``: of those, in that order)."""
-    rows = ["| variable | used by | default | description |", "|---|---|---|---|"]
-    names: list[str] = list(CommonSettings.model_fields)
-    for cls in SERVICES.values():
-        names += [n for n in cls.model_fields if n not in names]
-    for name in only or names:
+HEADER = ["| variable | used by | default | description |", "|---|---|---|---|"]
+
+
+def table(names: tuple[str, ...]) -> str:
+    """The markdown table of these settings, in this order."""
+    rows = list(HEADER)
+    for name in names:
         users = [svc for svc, cls in SERVICES.items() if name in cls.model_fields]
         cls = next(c for c in SERVICES.values() if name in c.model_fields)
         field = cls.model_fields[name]
@@ -56,7 +65,13 @@ def table(only: tuple[str, ...] | None = None) -> str:
             shown = "unset" if default is None else f"`{default}`"
         who = "all" if len(users) == len(SERVICES) else ", ".join(users)
         rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {who} | {shown} | {field.description} |")
-    for old, replacements in {} if only else DEPRECATED.items():
+    return "\n".join(rows)
+
+
+def deprecated_table() -> str:
+    """The deprecated names, each with the settings it still supplies."""
+    rows = list(HEADER)
+    for old, replacements in DEPRECATED.items():
         users = [svc for svc, cls in SERVICES.items() if any(new in cls.model_fields for new in replacements)]
         new = " and ".join(f"`{ENV_PREFIX}{n.upper()}` ({what})" for n, what in replacements.items())
         rows.append(
@@ -66,19 +81,43 @@ def table(only: tuple[str, ...] | None = None) -> str:
     return "\n".join(rows)
 
 
+def sections() -> list[tuple[str, tuple[str, ...]]]:
+    """Every setting once, in the sections of :func:`tba.settings.setting_sections`: what every service shares,
+    the buffer's, the model's, the trainer's groups, the searcher's."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    seen: set[str] = set()
+    for cls in SERVICES.values():
+        for title, names in setting_sections(cls):
+            fresh = tuple(n for n in names if n not in seen)
+            seen.update(fresh)
+            if fresh:
+                out.append((title, fresh))
+    return out
+
+
+def grouped_tables() -> str:
+    """docs/configuration.md's tables: one per section, the deprecated names last."""
+    parts = [f"### {title}\n\n{table(names)}" for title, names in sections()]
+    return "\n\n".join([*parts, f"### deprecated\n\n{deprecated_table()}"])
+
+
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = {ROOT / "docs" / "configuration.md": None, ROOT / "README.md": FIRST}  # file -> its rows (None: all)
+# Each generated file and what goes between its markers.
+TABLES: dict[Path, Callable[[], str]] = {
+    ROOT / "docs" / "configuration.md": grouped_tables,
+    ROOT / "README.md": lambda: table(FIRST),
+}
 
 
-def update(path: Path, only: tuple[str, ...] | None) -> bool:
-    """Rewrite the table between the markers; return True if the file changed."""
+def update(path: Path, render: Callable[[], str]) -> bool:
+    """Rewrite the tables between the markers; return True if the file changed."""
     text = path.read_text()
-    new = re.sub(f"{re.escape(START)}.*?{re.escape(END)}", f"{START}\n{table(only)}\n{END}", text, flags=re.S)
+    new = re.sub(f"{re.escape(START)}.*?{re.escape(END)}", lambda _: f"{START}\n{render()}\n{END}", text, flags=re.S)
     if new != text:
         path.write_text(new)
     return new != text
 
 
 if __name__ == "__main__":
-    for path, only in TABLES.items():
-        print(f"{path.relative_to(ROOT)}: settings table", "updated" if update(path, only) else "up to date")
+    for path, render in TABLES.items():
+        print(f"{path.relative_to(ROOT)}: settings table", "updated" if update(path, render) else "up to date")

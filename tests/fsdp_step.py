@@ -22,8 +22,9 @@ from services.trainer.learner import Learner
 from services.trainer.losses import make_loss
 from services.trainer.optim import LRSchedule, build_optimizer
 from tba.checkpoints import CheckpointStore
-from tba.model.adapters import DEFAULT_TARGETS, wrap_for_training
+from tba.model.adapters import wrap_for_training
 from tba.model.tokenizer import load_tokenizer
+from tba.settings import DEFAULT_TARGETS
 
 T = 0.7
 TOKEN_BUDGET = 96  # small: the ranks' shares take different numbers of micro-batches

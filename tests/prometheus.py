@@ -1,6 +1,6 @@
 """A real Prometheus server of a test's own (Debian's ``prometheus`` package), scraping given targets.
 
-Started under the project's lifetime guard (tba/lifetime.py), so it dies with the test process
+Started under the project's lifetime guard (tba/local/lifetime.py), so it dies with the test process
 however that ends.
 """
 
@@ -59,7 +59,17 @@ class Prometheus:
             f"--storage.tsdb.path={data_dir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
         ]
-        guard = [sys.executable, "-m", "tba.lifetime", "--name", "prometheus", "--parent", str(os.getpid()), "--", *cmd]
+        guard = [
+            sys.executable,
+            "-m",
+            "tba.local.lifetime",
+            "--name",
+            "prometheus",
+            "--parent",
+            str(os.getpid()),
+            "--",
+            *cmd,
+        ]
         self.log = (data_dir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(guard, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30

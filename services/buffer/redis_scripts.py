@@ -46,17 +46,31 @@ def read_lua(name: str) -> str:
         ) from None
 
 
-def compose(name: str) -> str:
-    """The script ``lua/<name>``, ready for Redis: its ``#!lua`` line, the shared constant, the prelude, its body."""
+# The fields of one item of global_step.lua's ARGV, in order: the one place they are named. The store
+# builds each item from them (services/buffer/store.py, ``_Item``), the script reads each by name through
+# the ``ITEM`` offsets :func:`compose` gives it.
+GLOBAL_ITEM_FIELDS = ("kind", "group_id", "token", "entry_id", "prompt_id", "samples", "label", "delta", "fresh")
+
+
+def lua_offsets(name: str, fields: tuple[str, ...]) -> str:
+    """``local NAME = {a = 0, b = 1, ...}`` and ``local NAME_SIZE = n``: a record's layout in ARGV, for Lua."""
+    offsets = ", ".join(f"{field} = {i}" for i, field in enumerate(fields))
+    return f"local {name} = {{{offsets}}}\nlocal {name}_SIZE = {len(fields)}"
+
+
+def compose(name: str, constants: str = "") -> str:
+    """The script ``lua/<name>``, ready for Redis: its ``#!lua`` line, the shared constant and the script's own
+    (``constants``), the prelude, its body."""
     first, _, body = read_lua(name).partition("\n")
     if not first.startswith("#!lua"):
         raise RuntimeError(f"{LUA_DIR / name} must start with a '#!lua' line (its flags)")
-    return f"{first}\nlocal VERSION_SHIFT = {VERSION_SHIFT}\n{PRELUDE}\n{body}"
+    own = f"{constants}\n" if constants else ""
+    return f"{first}\nlocal VERSION_SHIFT = {VERSION_SHIFT}\n{own}{PRELUDE}\n{body}"
 
 
 PRELUDE = read_lua("prelude.lua")
 PROMPT_STEP = compose("prompt_step.lua")
-GLOBAL_STEP = compose("global_step.lua")
+GLOBAL_STEP = compose("global_step.lua", lua_offsets("ITEM", GLOBAL_ITEM_FIELDS))
 RECORD_INTENT = compose("record_intent.lua")
 PLAN_EVICTION = compose("plan_eviction.lua")
 DEAD_LETTER = compose("dead_letter.lua")

@@ -34,7 +34,7 @@ import msgpack
 from redis.asyncio.cluster import RedisCluster
 
 from services.buffer.records import encode_record, sample_id
-from services.buffer.redis_scripts import Scripts
+from services.buffer.redis_scripts import GLOBAL_ITEM_FIELDS, Scripts
 from tba.codec import pack
 from tba.keys import Keys
 from tba.redis_client import AsyncRedis
@@ -95,17 +95,12 @@ class _Item:
     fresh: bool
 
     def args(self) -> list[Any]:
-        return [
-            self.kind,
-            self.group_id,
-            self.token,
-            self.entry_id,
-            self.prompt_id,
-            self.samples,
-            self.label,
-            self.delta,
-            "1" if self.fresh else "0",
-        ]
+        """This item's part of global_step.lua's ARGV, field by field in GLOBAL_ITEM_FIELDS' order."""
+        return [_lua_arg(getattr(self, field)) for field in GLOBAL_ITEM_FIELDS]
+
+
+def _lua_arg(value: Any) -> Any:
+    return ("1" if value else "0") if isinstance(value, bool) else value
 
 
 def _counts(delta: bytes) -> tuple[int, int, int]:

@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 
-from tba.lifetime import parse_cpu_list
+from tba.procs import parse_cpu_list
 
 log = logging.getLogger(__name__)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"

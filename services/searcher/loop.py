@@ -36,6 +36,7 @@ from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
 from tba.keys import Keys
 from tba.redis_client import sync_client
+from tba.schemas import SearcherState
 from tba.settings import SearcherSettings
 from tba.tasks import Prompt
 
@@ -134,7 +135,7 @@ class Searcher:
         self.reload_seconds = reload_histogram(self.registry)
         self.rates = RateWindow()
         self._reference_dir = Path(settings.model).resolve()
-        self.state = "starting"
+        self.state = SearcherState.STARTING
         self.batches = self.groups_generated = self.samples_generated = self.tokens_generated = 0
         self.reloads = self.skipped_prompts = 0
         self.reload_ms_last: float | None = None
@@ -165,7 +166,7 @@ class Searcher:
         self.watcher.start()
         worker = self._worker = threading.Thread(target=self._work, name="score-publish", daemon=True)
         worker.start()
-        self.state = "running"
+        self.state = SearcherState.RUNNING
         try:
             while not self.stop.requested:
                 if self.settings.max_batches is not None and self.batches >= self.settings.max_batches:
@@ -174,16 +175,16 @@ class Searcher:
                 if not self.maybe_reload():
                     break  # the engine stopped during a reload: shutting down
                 if self.spill.full():
-                    self.state = "paused: spill queue full"
+                    self.state = SearcherState.PAUSED_SPILL_FULL
                     self.stop.event.wait(0.5)
                     continue
                 if self.pacer.should_wait(self.engine.version):
-                    self.state = "paused: waiting for a newer policy"
+                    self.state = SearcherState.PAUSED_FOR_POLICY
                     t0 = time.monotonic()
                     self.watcher.wait_ready(PACE_POLL_SECONDS)  # wakes the moment one is verified
                     self.pacer.waited(time.monotonic() - t0)
                     continue
-                self.state = "running"
+                self.state = SearcherState.RUNNING
                 batch = self._generate()
                 if batch is None:
                     break
@@ -191,7 +192,7 @@ class Searcher:
                 self.pacer.generated(batch.version)
                 self.batches += 1
         finally:
-            self.state = "stopping"
+            self.state = SearcherState.STOPPING
             while worker.is_alive():  # a dead worker no longer takes from the queue
                 try:
                     self._queue.put(None, timeout=0.5)
@@ -200,7 +201,7 @@ class Searcher:
                     continue
             worker.join()
             self.watcher.stop()
-            self.state = "stopped"
+            self.state = SearcherState.STOPPED
         self._raise_worker_error()
         return 0
 
@@ -213,13 +214,13 @@ class Searcher:
         ckpt = self.watcher.take()
         if ckpt is None:
             return True
-        self.state = "reloading"
+        self.state = SearcherState.RELOADING
         old = self.engine.version
         try:
             pause = self.engine.reload(ckpt.path, ckpt.version, stopping=lambda: self.stop.requested)
         except ReloadError as err:
             self.watcher.reject(ckpt, str(err))
-            self.state = "running"
+            self.state = SearcherState.RUNNING
             return True
         except EngineStopped as err:
             # A signal sent to the process group reaches the engine core and this process about together;
@@ -333,7 +334,7 @@ class Searcher:
 
     # --- reporting ---
     def ready(self) -> tuple[bool, str]:
-        if self.state in ("running", "reloading", "paused: spill queue full", "paused: waiting for a newer policy"):
+        if self.state.serving:
             return True, f"engine loaded, version {self.engine.version}"
         return False, self.state
 

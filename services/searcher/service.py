@@ -24,6 +24,7 @@ from services.searcher.loop import Searcher, build_watcher, replica_seed
 from services.searcher.spill import SpillLockedError, SpillQueue
 from services.searcher.startup import StartupError
 from tba.health import HealthServer
+from tba.schemas import SearcherState
 from tba.settings import SearcherSettings
 from tba.tasks import Task
 
@@ -44,7 +45,7 @@ class _Process:
     def status(self) -> dict:
         if self.searcher:
             return self.searcher.status()
-        return {"searcher_id": self.settings.searcher_id, "state": "loading", "version": None}
+        return {"searcher_id": self.settings.searcher_id, "state": SearcherState.LOADING, "version": None}
 
     def on_signal(self, signum: int, frame) -> None:
         if self.searcher is not None:

@@ -7,6 +7,7 @@ message names the variable and the flag to fix.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -86,9 +87,31 @@ def check_chat(settings: SearcherSettings, tokenizer) -> bool:
         ) from None
 
 
+PROMPTS_CHECKED = 64  # the first prompts of the task's stream whose length check_prompt_lengths reads
+
+
+def check_prompt_lengths(settings: SearcherSettings, task: Task, tokenizer) -> None:
+    """Refuse a task none of whose prompts fits: a searcher would skip every prompt and loop forever while
+    ready. Some prompts too long is fine (each is skipped, counted and logged)."""
+    from tba.model.tokenizer import PromptFormat
+
+    limit = settings.max_model_len - settings.max_new_tokens
+    form = PromptFormat(chat=task.chat, system_prompt=settings.system_prompt)
+    prompts = itertools.islice(task.train_prompts(0), PROMPTS_CHECKED)
+    lengths = [len(form.encode(tokenizer, p.text)) for p in prompts]
+    if lengths and min(lengths) > limit:
+        raise StartupError(
+            f"TBA_MAX_MODEL_LEN / --max-model-len: none of the first {len(lengths)} prompts of task "
+            f"{settings.task!r} fits: the shortest is {min(lengths)} tokens, and max_model_len "
+            f"{settings.max_model_len} - max_new_tokens {settings.max_new_tokens} leaves {limit}"
+        )
+
+
 def check_all(settings: SearcherSettings) -> Task:
     """Every check, cheapest first; returns the task, in chat form where the model speaks it."""
     task = check_task(settings)
     check_lengths(settings)
-    task.chat = check_chat(settings, check_model_dir(Path(settings.model)))  # as make_task(..., chat=) sets it
+    tokenizer = check_model_dir(Path(settings.model))
+    task.chat = check_chat(settings, tokenizer)  # as make_task(..., chat=) sets it
+    check_prompt_lengths(settings, task, tokenizer)
     return task

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from services.trainer.batching import Row, group_by_prompt
-from tba.lifetime import die_with_parent
+from tba.procs import die_with_parent
 
 log = logging.getLogger(__name__)
 # The longest a rank waits for the others, rank 0's waits for the buffer included. A rank that dies is noticed

@@ -19,9 +19,6 @@ from typing import Any
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# Module names of the Llama family's linear layers (Llama, Mistral, Qwen2, SmolLM2, the tiny model):
-# every projection of attention and MLP. vLLM serves adapters on exactly these.
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # vLLM sizes its adapter slots by one of these ranks (``max_lora_rank``).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 

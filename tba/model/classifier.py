@@ -10,7 +10,7 @@ without the pattern, near misses such as ``7x7``, and arbitrary text), so its sc
 policy is rewarded by and has to find, as a real classifier's would be.
 
 Built once per pattern (seconds) and cached beside the SFT base models
-(``tba.model.sft.default_cache_root``): weights as safetensors, the tokenizer, and ``judge.json``.
+(``tba.model.cache.default_cache_root``): weights as safetensors, the tokenizer, and ``judge.json``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def labelled_strings(pattern: str, n: int, rng: random.Random) -> list[tuple[str
 
 
 def classifier_dir(pattern: str, cache_root: Path | None = None) -> Path:
-    from tba.model.sft import default_cache_root
+    from tba.model.cache import default_cache_root
 
     key = hashlib.sha256(json.dumps({"pattern": pattern, "code": CODE_VERSION}).encode()).hexdigest()[:16]
     return (cache_root or default_cache_root()) / f"redteam-judge-{key}"

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tba.model.sft import default_cache_root
+from tba.model.cache import default_cache_root
 
 IMPORT_RECORD = "tba-import.json"  # written last: its presence marks a complete import
 CODE_VERSION = 1  # part of the cache key: bump when the written directory would change

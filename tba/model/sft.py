@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tba.model.cache import default_cache_root
 from tba.model.tiny import TinyModelSpec
 
 HELP = (
@@ -130,7 +131,7 @@ def train_sft(
 def _train(base_dir: Path, out_dir: Path, task: Any, config: SFTConfig, log: Log) -> SFTResult:
     import torch
 
-    from tba.evaluate import greedy_accuracy, load_model
+    from tba.model.evaluation import greedy_accuracy, load_model
 
     torch.manual_seed(config.seed)
     model, tokenizer = load_model(base_dir)
@@ -224,10 +225,6 @@ def _save(model: Any, tokenizer: Any, out_dir: Path, record: dict[str, Any]) -> 
         os.rename(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def default_cache_root() -> Path:
-    return Path(os.environ.get("TBA_CACHE_DIR") or Path.home() / ".cache" / "tba" / "models").expanduser()
 
 
 def cache_key(task: str, options: dict[str, Any], spec: TinyModelSpec, seed: int, config: SFTConfig) -> str:

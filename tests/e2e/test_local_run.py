@@ -21,7 +21,7 @@ import pytest
 
 from reliability.procs import running_with
 from reliability.security import files_under, local_run_leaks
-from tba.cli import tba_command
+from tba.local.commands import tba_command
 from tests.prometheus import Prometheus, dashboard_expressions, metric_names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
@@ -145,7 +145,7 @@ def test_buffer_accounting_adds_up(run: dict) -> None:
 
 def test_final_checkpoint_loads_and_evaluates(run: dict) -> None:
     from tba.checkpoints import CheckpointStore
-    from tba.evaluate import evaluate_checkpoint
+    from tba.model.evaluation import evaluate_checkpoint
 
     store = CheckpointStore(run["dir"] / "checkpoints")
     manifest = store.read_manifest()

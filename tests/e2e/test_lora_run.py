@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.cli import tba_command
+from tba.local.commands import tba_command
 from tests.e2e.test_local_run import test_nothing_left_running as _nothing_left_running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from reliability.procs import alive, cmdline, descendants, guarded_service, running_with, wait_while_running
-from tba.cli import tba_command
-from tba.supervisor import GRACE_SECONDS
-from tba.up import SUMMARY_EVERY_SECONDS
+from tba.local.commands import tba_command
+from tba.local.supervisor import GRACE_SECONDS
+from tba.local.up import SUMMARY_EVERY_SECONDS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 

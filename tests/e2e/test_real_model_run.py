@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tba.cli import tba_command
 from tba.health import free_port
+from tba.local.commands import tba_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 

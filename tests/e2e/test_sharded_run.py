@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.cli import tba_command
+from tba.local.commands import tba_command
 from tests.e2e.test_local_run import test_nothing_left_running as _nothing_left_running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
@@ -55,7 +55,7 @@ def test_two_ranks_trained_and_the_searcher_served_their_checkpoints(run: dict) 
 
 def test_the_final_checkpoint_is_one_whole_model(run: dict) -> None:
     from tba.checkpoints import CheckpointStore
-    from tba.evaluate import evaluate_checkpoint
+    from tba.model.evaluation import evaluate_checkpoint
 
     store = CheckpointStore(run["dir"] / "checkpoints")
     directory = store.verify(store.read_manifest())

@@ -15,10 +15,10 @@ from redis.cluster import RedisCluster as SyncCluster
 from services.buffer.ingest import Ingestor
 from services.buffer.sampler import Sampler
 from services.buffer.store import BufferStore
-from tba.cli import tba_command
 from tba.codec import encode
 from tba.health import free_port
 from tba.keys import STREAM_FIELD, Keys
+from tba.local.commands import tba_command
 from tba.redis_client import async_client
 from tba.schemas import SampleRequest
 from tba.settings import BufferSettings

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tba.cli import tba_command
 from tba.codec import encode
 from tba.keys import STREAM_FIELD, Keys
+from tba.local.commands import tba_command
 from tests.conftest import free_port
 from tests.unit.buffer_factories import check_consistency, make_group
 

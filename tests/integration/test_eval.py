@@ -13,7 +13,7 @@ import pytest
 
 from tba.checkpoints import CheckpointStore
 from tba.cli import main as tba_main
-from tba.evaluate import evaluate_checkpoint, pass_at_k, score_samples
+from tba.model.evaluation import evaluate_checkpoint, pass_at_k, score_samples
 from tba.model.sft import read_result
 from tba.tasks import Prompt, make_task
 

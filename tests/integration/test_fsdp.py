@@ -84,7 +84,7 @@ def test_two_ranks_take_the_one_process_step(tiny_model: Path, tmp_path: Path, l
         assert all("lora_" in name for name in one_opt), "a LoRA run's optimizer holds the adapters only"
     # Both published the same checkpoint: a whole model (or the adapters) that loads as is.
     from tba.checkpoints import CheckpointStore
-    from tba.evaluate import load_model
+    from tba.model.evaluation import load_model
     from tba.model.logprobs import sequence_logprobs
     from tests.fsdp_step import T, batch
 

@@ -21,7 +21,6 @@ from tba.checkpoints import CheckpointStore
 from tba.model.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
-    DEFAULT_TARGETS,
     AdapterError,
     is_adapter,
     load_for_inference,
@@ -30,6 +29,7 @@ from tba.model.adapters import (
 )
 from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs
 from tba.model.tokenizer import encode_prompt, load_tokenizer
+from tba.settings import DEFAULT_TARGETS
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tba.cli import tba_command
-from tba.evaluate import load_model
+from tba.local.commands import tba_command
+from tba.model.evaluation import load_model
 from tba.model.generate import generate
 from tba.model.logprobs import sequence_logprobs
 from tba.model.threads import torch_threads

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tba.cli import tba_command
+from tba.local.commands import tba_command
 from tba.model.importer import IMPORT_RECORD, ModelImportError, fetch, import_model, read_record
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tba.evaluate import evaluate_checkpoint
+from tba.model.evaluation import evaluate_checkpoint
 from tba.model.tokenizer import build_tokenizer
 from tba.tasks import make_task
 

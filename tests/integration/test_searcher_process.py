@@ -16,9 +16,9 @@ import pytest
 
 from reliability.procs import alive, cmdline, descendants, wait_while_running
 from tba.checkpoints import CheckpointStore, announce
-from tba.cli import tba_command
 from tba.codec import decode
 from tba.keys import STREAM_FIELD, Keys
+from tba.local.commands import tba_command
 from tba.model.tiny import init_model
 from tba.schemas import ScoredGroup
 from tests.conftest import free_port

@@ -3,6 +3,7 @@ replay in order when it is back and after a restart, backoff, corrupt spill entr
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from services.searcher.publisher import Publisher
@@ -52,8 +53,9 @@ class Clock:
         return self.t
 
 
-def publisher(redis_server, spill_dir: Path, clock=None) -> Publisher:
-    kwargs = {"clock": clock} if clock else {}
+def publisher(redis_server, spill_dir: Path, clock=None, **kwargs) -> Publisher:
+    if clock:
+        kwargs["clock"] = clock
     return Publisher(
         sync_client(redis_server.url, timeout=0.5, retry=False),
         KEYS,
@@ -125,15 +127,17 @@ def test_corrupt_spill_entry_is_quarantined(redis_server, tmp_path: Path) -> Non
 
 
 def test_backoff_grows_with_jitter(redis_server, tmp_path: Path) -> None:
+    """While Redis is away, each retry waits uniformly up to base * 2^attempt (capped): the waits grow, and differ."""
     clock = Clock()
-    pub = publisher(redis_server, tmp_path, clock)
-    pub._backoff = (1.0, 100.0)
+    pub = publisher(redis_server, tmp_path, clock, backoff_base=1.0, backoff_cap=100.0, rng=random.Random(7))
     redis_server.stop(kill=True)
     waits = []
-    for i in range(6):
+    for i in range(12):
         pub.publish([group(i)])
         waits.append(pub._next_try - clock.t)
         clock.t = pub._next_try
     assert all(0 <= w <= min(100.0, 2**k) for k, w in enumerate(waits))
+    assert max(waits[:4]) <= 8.0 < max(waits[8:]), waits  # the bound grows from 1 s to the cap
+    assert sum(waits[8:]) > 4 * sum(waits[:4]), waits
     assert len(set(waits)) == len(waits)  # jittered, not a fixed schedule
-    assert len(pub.spill) == 6
+    assert len(pub.spill) == 12

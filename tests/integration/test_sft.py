@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tba.cli import main as tba_main
-from tba.evaluate import greedy_accuracy, load_model
+from tba.model.evaluation import greedy_accuracy, load_model
 from tba.model.sft import (
     RESULT_FILE,
     SFTConfig,

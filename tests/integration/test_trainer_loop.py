@@ -25,9 +25,9 @@ from reliability.procs import descendants
 from services.trainer.checkpointing import load_state
 from services.trainer.loop import Trainer
 from tba.checkpoints import TMP_PREFIX, CheckpointStore, model_identity, parse_manifest
-from tba.cli import tba_command
 from tba.codec import encode
 from tba.keys import STREAM_FIELD, Keys
+from tba.local.commands import tba_command
 from tba.model.adapters import is_adapter
 from tba.schemas import ScoredGroup, ScoredSample
 from tba.settings import SettingsError, TrainerSettings

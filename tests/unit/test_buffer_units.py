@@ -144,3 +144,19 @@ def test_the_buffer_imports_no_ml_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == ""
+
+
+def test_the_global_steps_items_are_named_once_for_both_sides() -> None:
+    """An item of global_step.lua's ARGV: the store writes the fields GLOBAL_ITEM_FIELDS names, in that order, and
+    the script reads every one of them by name (its ITEM offsets), none by a bare position."""
+    import dataclasses
+
+    from services.buffer.store import _Item
+
+    assert tuple(f.name for f in dataclasses.fields(_Item)) == redis_scripts.GLOBAL_ITEM_FIELDS
+    item = _Item("group", "g1", "tok", "1-0", "p1", 4, "s0", b"\x90", True)
+    assert item.args() == ["group", "g1", "tok", "1-0", "p1", 4, "s0", b"\x90", "1"]
+    assert "local ITEM = {kind = 0, group_id = 1," in redis_scripts.GLOBAL_STEP
+    body = redis_scripts.read_lua("global_step.lua")
+    assert all(f"ITEM.{field}]" in body for field in redis_scripts.GLOBAL_ITEM_FIELDS)
+    assert "ARGV[b + " not in body.replace("ARGV[b + ITEM.", "")

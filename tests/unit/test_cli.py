@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tba.cli import COMMANDS, build_parser, tba_command
+from tba.cli import COMMANDS, build_parser
+from tba.local.commands import tba_command
 
 HEAVY = ("torch", "transformers", "vllm")
 HELP_COMMANDS = [[], *[[c] for c in COMMANDS], ["model", "init"], ["model", "sft"]]

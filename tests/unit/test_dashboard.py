@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from tba.dashboard import Snapshot, one_line, rates, render, sparkline
+from tba.local.dashboard import Snapshot, one_line, rates, render, sparkline
 
 
 def snapshot(t: float, step: int, ingested: int) -> Snapshot:
@@ -56,40 +56,65 @@ def test_rates_come_from_two_polls_and_skip_what_a_poll_missed():
     assert rates(before, now) == {"ingest_per_s": 150.0}
 
 
+def cell(text: str, label: str, column: int = 0) -> str:
+    """What follows ``label`` in its row of the ``column``-th panel of a row of panels (0: left, 1: right)."""
+    for line in text.splitlines():
+        panels = [p.strip() for p in line.split("│") if p.strip()]
+        if len(panels) > column and panels[column].startswith(label + " "):
+            return panels[column][len(label) :].strip()
+    raise AssertionError(f"no row {label!r} in panel {column}:\n{text}")
+
+
 def test_every_part_of_the_system_has_its_panel_with_its_figures():
     snap = snapshot(125.0, 200, 4000)
     snap.rates = {"steps_per_s": 8.25, "ingest_per_s": 96.0}
     text = shown(snap, ["searcher-1 exited with 137", "restarting searcher-1 (restart 1)"])
-    assert "125 s elapsed" in text and "475 s left" in text
-    for expected in (
-        "trainer",
-        "training",
-        "step",
+    assert text.splitlines()[0] == "TBA  arithmetic  ·  125 s elapsed  ·  475 s left"
+    trainer = {label: cell(text, label) for label in ("step", "loss", "reward", "KL", "lr", "staleness", "wait")}
+    assert trainer == {
+        "step": "200  v200  8.2 steps/s",
+        "loss": "0.4321",
+        "reward": "0.625",
+        "KL": "0.0123",
+        "lr": "3.00e-05",
+        "staleness": "2.5 versions",
+        "wait": "0.01 s",
+    }
+    buffer = {label: cell(text, label, 1) for label in ("samples", "ingest", "duplicates", "reward", "dead letters")}
+    assert buffer == {
+        "samples": "900 in 120 prompts",
+        "ingest": "96.0 samples/s",
+        "duplicates": "25%",  # 1000 of 4000 taken in
+        "reward": "0.500",
+        "dead letters": "0",
+    }
+    assert cell(text, "searcher-0").split() == ["running", "194", "6", "41.5", "120", "ms"]  # 6 versions behind
+    assert cell(text, "searcher-1").split() == [
+        "paused:",
+        "waiting",
+        "for",
+        "a",
+        "newer",
+        "policy",
         "200",
-        "8.2 steps/s",
-        "0.4321",
-        "0.625",
-        "0.0123",
-        "3.00e-05",
-        "2.5 versions",  # trainer
-        "900 in 120 prompts",
-        "96.0 samples/s",
-        "25%",  # buffer: size, ingest, duplicate rate
-        "searcher-0",
-        "running",
-        "194",
-        "41.5",
-        "120 ms",  # searcher-0 is 6 versions behind
-        "paused: waiting for a newer policy",
-        "71.5% at v80",
-        "start 34.5% at v0",
-        "best 71.5%",
-        "restarts and warnings (2)",
-        "restarting searcher-1 (restart 1)",
-    ):
-        assert expected in text, expected
-    lag_row = next(line for line in text.splitlines() if "searcher-0" in line)
-    assert lag_row.split()[3:5] == ["194", "6"]  # version, lag behind the trainer
+        "0",
+        "38.0",
+        "-",
+    ]
+    assert cell(text, "now") == "71.5% at v80  (start 34.5% at v0, best 71.5%)"
+    assert "restarts and warnings (2)" in text and cell(text, "restarting") == "searcher-1 (restart 1)"
+
+
+def test_the_figures_follow_the_system():
+    """The same panels for another state of the system show other figures: nothing above is fixed text."""
+    snap = snapshot(300.0, 450, 9000)
+    snap.trainer.update(loss=1.5, staleness_mean=0.0)
+    snap.buffer.update(samples_duplicate=900)
+    text = shown(snap, [], budget_s=None)
+    assert cell(text, "step").startswith("450  v450") and cell(text, "loss") == "1.5"
+    assert cell(text, "staleness") == "0.0 versions" and cell(text, "duplicates", 1) == "10%"
+    assert cell(text, "searcher-0").split()[1:3] == ["444", "6"]
+    assert "left" not in text.splitlines()[0]
 
 
 def test_a_waiting_trainer_shows_why_and_its_reuse():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.report import (
+from tba.local.report import (
     MAX_CELL,
     quantile,
     rate_series,

@@ -12,7 +12,7 @@ import pytest
 
 from services.searcher.cpus import generation_cpus, lower_thread_priority, pinned, spare_cpus
 from services.searcher.engine import EngineStopped, guarded_call, should_restore
-from tba.lifetime import parse_cpu_list
+from tba.procs import parse_cpu_list
 
 
 def test_restore_only_into_a_live_engine_that_is_not_stopping() -> None:

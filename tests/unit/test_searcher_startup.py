@@ -99,3 +99,31 @@ def test_spill_dir_in_use(capsys, tmp_path: Path, model_files: Path) -> None:
     finally:
         held.close()
     assert code == 2 and "TBA_SPILL_DIR" in err and "in use" in err
+
+
+def test_a_task_none_of_whose_prompts_fits_is_refused(capsys, model_files: Path) -> None:
+    """Otherwise the searcher would skip every prompt forever while reporting ready."""
+    options = json.dumps({"digits": 6})  # "123456+654321=": 15 tokens of the tiny model, with its BOS
+    code, err = run(
+        capsys,
+        "--model",
+        str(model_files),
+        "--task-options",
+        options,
+        "--max-model-len",
+        "30",
+        "--max-new-tokens",
+        "16",
+    )
+    assert code == 2 and "TBA_MAX_MODEL_LEN" in err and "none of the first 64 prompts" in err, err
+    assert "max_model_len 30 - max_new_tokens 16 leaves 14" in err
+
+
+def test_prompts_that_fit_pass_the_length_check(model_files: Path) -> None:
+    from services.searcher.startup import check_prompt_lengths
+    from tba.model.tokenizer import load_tokenizer
+    from tba.settings import SearcherSettings
+    from tba.tasks import make_task
+
+    settings = SearcherSettings(model=model_files, max_model_len=32, max_new_tokens=16)
+    check_prompt_lengths(settings, make_task("arithmetic"), load_tokenizer(model_files))  # "37+45=": 7 tokens

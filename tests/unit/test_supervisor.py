@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from reliability.procs import alive
-from tba.cli import tba_command
-from tba.supervisor import Child, Supervisor
+from tba.local.commands import tba_command
+from tba.local.supervisor import Child, Supervisor
 
 # A service that starts a helper in its own process group, as a searcher starts vLLM's engine core. The helper
 # ignores SIGTERM: only SIGKILL removes it. Every start appends the service's and the helper's pids to files in
@@ -76,7 +76,7 @@ SUPERVISOR = """
 import os, sys, time
 from pathlib import Path
 
-from tba.supervisor import Child, Supervisor
+from tba.local.supervisor import Child, Supervisor
 
 d, service = Path(sys.argv[1]), sys.argv[2]
 sup = Supervisor()
@@ -152,7 +152,7 @@ def test_a_bad_cpu_list_is_refused_by_name() -> None:
         [
             sys.executable,
             "-m",
-            "tba.lifetime",
+            "tba.local.lifetime",
             "--name",
             "x",
             "--parent",

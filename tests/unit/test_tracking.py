@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.cli import tba_command
+from tba.local.commands import tba_command
 from tba.tracking import Tracker
 
 

@@ -4,8 +4,9 @@
 -- A delta is applied exactly once: a fresh delta always is; a recorded one only if its group id is
 -- not yet registered.
 --
--- ARGV: prefix now window stream consumer_group count, then count items of
---       kind ('group' or 'eviction') group_id token entry_id prompt_id samples searcher_label delta fresh
+-- ARGV: prefix now window stream consumer_group count, then count items, each ITEM_SIZE values at the
+--       ITEM offsets (kind 'group' or 'eviction', group_id, token, entry_id, prompt_id, samples, searcher
+--       label, delta, fresh): GLOBAL_ITEM_FIELDS in services/buffer/redis_scripts.py names them.
 -- An item's token is its stream entry id, or the id of its intent (HTTP writes, evictions).
 -- Returns {samples stored, then per item: 0 applied, 1 resent group id (counted duplicate),
 --          2 nothing to do (entry handled by another consumer, attempt already applied)}.
@@ -77,9 +78,10 @@ end
 local groups, group_tokens, intents = prefix .. 'groups', prefix .. 'group_tokens', prefix .. 'intents'
 local answers, labels = {}, {}
 for i = 0, count - 1 do
-  local b = 7 + 9 * i
-  local kind, group_id, token, entry, prompt = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
-  local samples, label, packed, fresh = tonumber(ARGV[b + 5]), ARGV[b + 6], ARGV[b + 7], ARGV[b + 8] == '1'
+  local b = 7 + ITEM_SIZE * i
+  local kind, group_id, token = ARGV[b + ITEM.kind], ARGV[b + ITEM.group_id], ARGV[b + ITEM.token]
+  local entry, prompt, samples = ARGV[b + ITEM.entry_id], ARGV[b + ITEM.prompt_id], tonumber(ARGV[b + ITEM.samples])
+  local label, packed, fresh = ARGV[b + ITEM.label], ARGV[b + ITEM.delta], ARGV[b + ITEM.fresh] == '1'
   local answer = APPLIED
   -- Acked here, atomically with what follows; 0 acked: another consumer took it over and finished it.
   if entry ~= '' and redis.call('XACK', stream, consumer_group, entry) == 0 then

@@ -2,10 +2,10 @@
 
 Two mechanisms, for two kinds of parent:
 
-* :func:`die_with_parent`: a process asks the kernel for a signal when its parent dies
+* :func:`tba.procs.die_with_parent`: a process asks the kernel for a signal when its parent dies
   (``PR_SET_PDEATHSIG``). Used where the parent is a launcher we do not write (torchrun's ranks)
   and by the guard below for the service it starts.
-* The *guard* (``python -m tba.lifetime``): the supervisor of ``tba up`` starts every service
+* The *guard* (``python -m tba.local.lifetime``): the supervisor of ``tba up`` starts every service
   through one. The guard leads the service's process group (the supervisor starts it in a new
   session), so the service and whatever it starts (vLLM's engine core and workers, multiprocessing's
   resource tracker, redis-server's rewrite child) are members of the guard's group. The guard:
@@ -29,7 +29,6 @@ stops its service, but cannot see the rest of its group.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import resource
 import signal
@@ -39,25 +38,11 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
+from tba.procs import die_with_parent, parse_cpu_list
+
 POLL_SECONDS = 0.1
 # Signals the guard hands on to the service (the supervisor's stop, a user's Ctrl-C or reload signals).
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Have the kernel send ``sig`` to this process when its parent dies.
-
-    The signal fires when the thread that forked this process exits, so the parent should start it
-    from a thread that lives as long as the parent (its main thread). A parent that died before this
-    call is caught by comparing parent pids: the process exits at once. Linux only; elsewhere nothing
-    changes. Safe in ``preexec_fn`` of a single-threaded parent."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
-    if os.getppid() != parent:  # the parent died before the line above
-        os._exit(1)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -135,31 +120,13 @@ def _kill(pgid: int, spare: set[int], wait: float = 2.0) -> dict[int, str]:
         time.sleep(0.02)
 
 
-def parse_cpu_list(text: str, what: str = "cpu list") -> list[int]:
-    """``"0-2,5|6"`` (vLLM's form: ``|`` between tensor-parallel ranks) -> [0, 1, 2, 5, 6]."""
-    cpus: set[int] = set()
-    for part in text.replace("|", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi or lo)
-            if first < 0 or last < first:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"{what}={text!r}: {part!r} is not a CPU id or range") from None
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
-
-
 def guard_command(argv: list[str], name: str, grace: float, cpus: list[int] | None = None) -> list[str]:
     """The command that runs ``argv`` under a guard whose parent is this process (on ``cpus`` if given)."""
     where = ["--cpus", ",".join(map(str, cpus))] if cpus else []
     return [
         sys.executable,
         "-m",
-        "tba.lifetime",
+        "tba.local.lifetime",
         "--name",
         name,
         "--parent",
@@ -174,7 +141,11 @@ def guard_command(argv: list[str], name: str, grace: float, cpus: list[int] | No
 
 def _say(name: str, message: str) -> None:
     """A line in the service's log (the guard shares the service's stderr), in the services' own format."""
-    print(f"{time.strftime('%H:%M:%S')} WARNING tba.lifetime: guard of {name}: {message}", file=sys.stderr, flush=True)
+    print(
+        f"{time.strftime('%H:%M:%S')} WARNING tba.local.lifetime: guard of {name}: {message}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _exit_like(code: int) -> None:
@@ -222,7 +193,7 @@ def guard(argv: list[str], name: str, parent: int, grace: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m tba.lifetime",
+        prog="python -m tba.local.lifetime",
         description="Run a service as the guard of its process group: forward signals to it, kill what it leaves "
         "behind, stop it when the parent is gone.",
     )

@@ -11,7 +11,7 @@
 5. Stop producers first, let the buffer drain the stream, then write the final
    ``summary.json`` (``"state": "complete"``) and the report into the run directory.
 
-Every child runs under a guard (tba/lifetime.py): none outlives ``tba up``.
+Every child runs under a guard (tba/local/lifetime.py): none outlives ``tba up``.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 
 from tba.health import free_port
-from tba.lifetime import parse_cpu_list
+from tba.procs import parse_cpu_list
 from tba.settings import redact_url
 from tba.tracking import Tracker
 
 HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."
-log = logging.getLogger("tba.up")
+log = logging.getLogger("tba.local.up")
 SUMMARY_EVERY_SECONDS = 10.0  # how often the running summary is rewritten
 
 
@@ -135,69 +135,64 @@ class _Stop:
         self.event.set()
 
 
-def main(args: argparse.Namespace) -> int:
-    from tba.logs import setup_logging, silence_progress_bars
+class UsageError(ValueError):
+    """A flag or variable ``tba up`` cannot run with; the message names it."""
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every check of ``tba up``'s flags and variables, cheapest first, each failure a :class:`UsageError` or a
+    :class:`~tba.settings.SettingsError` naming what to fix; fills in what they resolve to (the searchers'
+    settings, the base model's directory, the trainer's processes, the CPU lists). The services' own settings
+    are checked by the settings classes, here as in each service."""
+    from tba.settings import SearcherSettings, TrainerSettings, load_settings
     from tba.tasks import make_task
 
-    setup_logging(os.environ.get("TBA_LOG_LEVEL", "INFO"))
-    silence_progress_bars()
-    if args.wandb not in ("off", "offline", "online"):
-        print(f"tba up: --wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}", file=sys.stderr)
-        return 2
+    if args.searchers < 1:
+        raise UsageError(f"--searchers must be at least 1, got {args.searchers}")
+    if args.wandb not in ("off", "offline", "online"):  # TBA_WANDB reaches the flag's default unchecked
+        raise UsageError(f"--wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}")
     if args.wandb != "off" and importlib.util.find_spec("wandb") is None:
-        print(f"tba up: --wandb {args.wandb} needs Weights & Biases: pip install 'tba[wandb]'", file=sys.stderr)
-        return 2
+        raise UsageError(f"--wandb {args.wandb} needs Weights & Biases: pip install 'tba[wandb]'")
+    if shutil.which("redis-server") is None:
+        raise UsageError("redis-server not found: apt-get install -y redis-server")
+    # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths).
+    args.searcher_settings = load_settings(SearcherSettings, task=args.task)
     try:
-        make_task(args.task, json.loads(os.environ.get("TBA_TASK_OPTIONS", "{}")))
+        make_task(args.task, args.searcher_settings.task_options)
     except ValueError as err:
-        print(f"tba up: --task: {err}", file=sys.stderr)
-        return 2
-    from tba.settings import SearcherSettings, SettingsError, load_settings
-
-    try:  # what the run's own evaluations need from the searchers' settings (prompt form, lengths)
-        args.searcher_settings = load_settings(SearcherSettings, task=args.task)
-    except SettingsError as err:
-        print(f"tba up: {err}", file=sys.stderr)
-        return 2
-    args.searcher_settings.log_deprecations()
+        raise UsageError(f"--task: {err}") from None
+    args.trainer_procs = load_settings(TrainerSettings, trainer_procs=args.trainer_procs).trainer_procs
+    try:
+        args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
+        args.searcher_cpus = _placement(args.searcher_cpus, "--searcher-cpus")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if args.base_model is not None:
         from tba.model.importer import ModelImportError, resolve_model
 
         try:
             args.base_model = resolve_model(args.base_model).resolve()
         except ModelImportError as err:
-            print(f"tba up: --base-model: {err}", file=sys.stderr)
-            return 2
+            raise UsageError(f"--base-model: {err}") from None
         if not (args.base_model / "config.json").is_file():
-            print(
-                f"tba up: --base-model: {args.base_model} is neither a model directory (no config.json) nor a "
-                "packaged model's name",
-                file=sys.stderr,
+            raise UsageError(
+                f"--base-model: {args.base_model} is neither a model directory (no config.json) nor a packaged "
+                "model's name"
             )
-            return 2
-    if args.searchers < 1:
-        print(f"tba up: --searchers must be at least 1, got {args.searchers}", file=sys.stderr)
-        return 2
+
+
+def main(args: argparse.Namespace) -> int:
+    from tba.logs import setup_logging, silence_progress_bars
+    from tba.settings import SettingsError
+
+    setup_logging(os.environ.get("TBA_LOG_LEVEL", "INFO"))
+    silence_progress_bars()
     try:
-        args.trainer_procs = int(args.trainer_procs)
-        if not 1 <= args.trainer_procs <= 1024:
-            raise ValueError
-    except ValueError:
-        print(
-            f"tba up: --trainer-procs / TBA_TRAINER_PROCS must be a whole number from 1 to 1024, got "
-            f"{args.trainer_procs!r}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
-        args.searcher_cpus = _placement(args.searcher_cpus, "--searcher-cpus")
-    except ValueError as err:
+        check_args(args)
+    except (UsageError, SettingsError) as err:
         print(f"tba up: {err}", file=sys.stderr)
         return 2
-    if shutil.which("redis-server") is None:
-        print("tba up: redis-server not found: apt-get install -y redis-server", file=sys.stderr)
-        return 2
+    args.searcher_settings.log_deprecations()
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     return LocalRun(args, run_dir.resolve()).run()
@@ -218,7 +213,7 @@ def _placement(text: str | None, flag: str) -> list[int] | None:
 
 class LocalRun:
     def __init__(self, args: argparse.Namespace, run_dir: Path) -> None:
-        from tba.supervisor import Supervisor
+        from tba.local.supervisor import Supervisor
 
         self.args = args
         self.run_dir = run_dir
@@ -258,9 +253,9 @@ class LocalRun:
         return env
 
     def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:
-        from tba.cli import tba_command
+        from tba.local.commands import tba_command
+        from tba.local.supervisor import Child
         from tba.redis_client import server_args
-        from tba.supervisor import Child
 
         redis_port, buffer_port = free_port(), free_port()
         redis_url = self.redis_url = f"redis://:{self.redis_password}@127.0.0.1:{redis_port}/0"
@@ -383,14 +378,15 @@ class LocalRun:
                         msg = pubsub.get_message(timeout=0.2)
                         if msg and msg["type"] == "message":
                             observer.record_version(parse_manifest(msg["data"]).version)
-                except Exception:  # noqa: BLE001 (Redis restarting: listen again)
+                except Exception as err:  # noqa: BLE001 (Redis restarting: listen again)
+                    log.debug("listening for checkpoint announcements again after %s: %s", type(err).__name__, err)
                     time.sleep(1.0)
 
         threading.Thread(target=listen, name="announcements", daemon=True).start()
 
     # --- evaluation -----------------------------------------------------
     def _evaluate(self, model_dir: Path, version: int) -> float:
-        from tba.evaluate import evaluate_checkpoint
+        from tba.model.evaluation import evaluate_checkpoint
 
         s = self.args.searcher_settings  # evaluate as the searchers ask: prompt form, completion length
         threads = len(self.args.searcher_cpus or [])  # on the searchers' cores, one per core (0: the idle ones)
@@ -456,7 +452,7 @@ class LocalRun:
                 shutil.rmtree(self._secret_dir, ignore_errors=True)
 
     def _run(self, base_model: Path) -> int:
-        from tba.dashboard import Observer
+        from tba.local.dashboard import Observer
 
         try:
             buffer_url, status_urls = self._start_services(base_model)
@@ -494,7 +490,7 @@ class LocalRun:
         from rich.console import Console
         from rich.live import Live
 
-        from tba.dashboard import one_line, render
+        from tba.local.dashboard import one_line, render
 
         deadline = self.t0 + self.args.minutes * 60
         trainer = next(c for c in self.sup.children if c.name == "trainer")
@@ -523,11 +519,23 @@ class LocalRun:
     def _write_summary(self, observer, stats: dict, state: str) -> dict:
         """``summary.json`` as the run stands, ``state`` "running" or "complete". Written to a temporary file
         renamed over the previous one, so a reader, or a kill at any moment, finds a whole summary."""
-        from tba.report import build_summary
+        from tba.local.report import RunFacts, build_summary
 
+        a = self.args
+        facts = RunFacts(
+            self.run_dir,
+            a.task,
+            a.mode,
+            a.loss,
+            a.searchers,
+            self.t0,
+            self.evals,
+            {c.name: c.restarts for c in self.sup.children if c.restarts},
+            self.sup.events,
+        )
         summary = {
             "state": state,
-            **build_summary(self, observer, stats),
+            **build_summary(facts, (v for _, v in observer.versions_published), stats),
             "base_model": str(self.base_model),
             "endpoints": self.endpoints,
             "process_groups": {c.name: c.proc.pid for c in self.sup.children if c.proc is not None},
@@ -539,7 +547,7 @@ class LocalRun:
         return summary
 
     def _shutdown(self, observer) -> int:
-        from tba.report import write_report
+        from tba.local.report import write_report
 
         self.stop.event.set()
         log.info("stopping searchers and trainer")

@@ -18,6 +18,8 @@ import io
 import json
 import time
 from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +77,31 @@ def quantile(counts: Counter[int], q: float) -> int | None:
     return max(counts)
 
 
-def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary needs to know of a run: how it was started and what its supervisor saw."""
+
+    run_dir: Path
+    task: str
+    mode: str
+    loss: str
+    searchers: int
+    started_at: float  # Unix time of the run's start: the zero of every evaluation's ``t``
+    evals: list[dict[str, Any]]
+    restarts: dict[str, int]
+    events: list[str]
+
+
+def build_summary(run: RunFacts, versions_published: Iterable[int], final_stats: dict[str, Any]) -> dict[str, Any]:
     evals = run.evals
-    versions = sorted({v for _, v in observer.versions_published})
     steps = read_jsonl(run.run_dir / "trainer_metrics.jsonl")
     stale = staleness_counts(steps)
     return {
-        "task": run.args.task,
-        "mode": run.args.mode,
-        "loss": run.args.loss,
-        "searchers": run.args.searchers,
-        "versions_published": versions,
+        "task": run.task,
+        "mode": run.mode,
+        "loss": run.loss,
+        "searchers": run.searchers,
+        "versions_published": sorted(set(versions_published)),
         "searcher_versions": final_stats.get("searcher_versions", {}),
         "groups_published": final_stats.get("stream_entries_added"),
         "groups_stored": final_stats.get("groups_stored"),
@@ -96,10 +112,10 @@ def build_summary(run, observer, final_stats: dict[str, Any]) -> dict[str, Any]:
         "accuracy_end": evals[-1]["accuracy"] if evals else None,
         "evaluations": evals,
         "time_to_accuracy_s": {f"{t:.2f}": time_to_accuracy(evals, t) for t in TARGETS},
-        "restarts": {c.name: c.restarts for c in run.sup.children if c.restarts},
-        "events": run.sup.events,
-        "wall_seconds": round(time.time() - run.t0, 1),
-        "started_at": run.t0,  # Unix time of the run's start: the zero of every ``t`` above
+        "restarts": run.restarts,
+        "events": run.events,
+        "wall_seconds": round(time.time() - run.started_at, 1),
+        "started_at": run.started_at,
     }
 
 

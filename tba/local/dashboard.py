@@ -21,6 +21,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tba.schemas import SearcherState
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -142,22 +144,24 @@ def _fmt(value: Any, spec: str = "") -> str:
         return str(value)
 
 
+SEARCHER_STYLES = {
+    SearcherState.RUNNING: "green",
+    SearcherState.LOADING: "yellow",
+    SearcherState.STARTING: "yellow",
+    SearcherState.RELOADING: "yellow",
+    SearcherState.PAUSED_SPILL_FULL: "yellow",
+    SearcherState.PAUSED_FOR_POLICY: "yellow",
+    SearcherState.STOPPING: "blue",
+    SearcherState.STOPPED: "blue",
+}
+TRAINER_STYLES = {"training": "green", "warmup": "yellow", "waiting": "yellow", "done": "blue"}
+
+
 def _state(status: dict[str, Any]) -> Text:
+    """A service's state, coloured: green working, yellow on its way or held up, blue ending, red anything else
+    (an error, an unknown state)."""
     state = str(status.get("state", status.get("error", "-")))
-    if state.startswith("paused"):  # a searcher: "paused: <why>"
-        return Text(state, style="yellow")
-    style = {
-        "training": "green",
-        "running": "green",
-        "warmup": "yellow",
-        "waiting": "yellow",
-        "starting": "yellow",
-        "reloading": "yellow",
-        "stopping": "blue",
-        "done": "blue",
-        "stopped": "blue",
-    }.get(state, "red")
-    return Text(state, style=style)
+    return Text(state, style=TRAINER_STYLES.get(state) or SEARCHER_STYLES.get(state, "red"))  # str == StrEnum
 
 
 def _fields(rows: list[tuple[str, str]]) -> Table:

@@ -5,7 +5,7 @@ reaches only ``tba up``, which then stops the children in order with SIGTERM
 and, after a grace period, SIGKILL of the whole group: nothing is left behind,
 not even the engine processes vLLM spawns.
 
-Each child is started under a guard (:mod:`tba.lifetime`) that leads its group: the guard ends
+Each child is started under a guard (:mod:`tba.local.lifetime`) that leads its group: the guard ends
 what a service leaves in the group when it exits, and stops the group when ``tba up`` itself is
 gone, even killed with SIGKILL. A child found dead has whatever is left of its group ended
 before it is restarted (the guard's own death leaves the service and its helpers behind), so a
@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tba.lifetime import end_group, guard_command
+from tba.local.lifetime import end_group, guard_command
 
-log = logging.getLogger("tba.up")
+log = logging.getLogger("tba.local.up")
 # What a guard gives a service between SIGTERM and SIGKILL once tba up is gone (long enough for the trainer's
 # last checkpoint and a searcher's in-flight batch on this machine), and a resource tracker left in a dead
 # service's group to clean up (lifetime.CLEANERS).

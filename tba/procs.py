@@ -1,0 +1,48 @@
+"""Process helpers the services need as well as the launcher: dying with the parent, CPU lists.
+
+The guard that keeps every process of a local run from outliving it is tba/local/lifetime.py; these are
+the two pieces of it a service uses on its own (torchrun's ranks die with their launcher; a searcher
+reads the cores it may use).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies.
+
+    The signal fires when the thread that forked this process exits, so the parent should start it
+    from a thread that lives as long as the parent (its main thread). A parent that died before this
+    call is caught by comparing parent pids: the process exits at once. Linux only; elsewhere nothing
+    changes. Safe in ``preexec_fn`` of a single-threaded parent."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+
+def parse_cpu_list(text: str, what: str = "cpu list") -> list[int]:
+    """``"0-2,5|6"`` (vLLM's form: ``|`` between tensor-parallel ranks) -> [0, 1, 2, 5, 6]."""
+    cpus: set[int] = set()
+    for part in text.replace("|", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+            if first < 0 or last < first:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{what}={text!r}: {part!r} is not a CPU id or range") from None
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
