@@ -144,7 +144,7 @@ def _fmt(value: Any, spec: str = "") -> str:
         return str(value)
 
 
-SEARCHER_STYLES = {
+SEARCHER_STYLES: dict[str, str] = {  # StrEnum members are their strings
     SearcherState.RUNNING: "green",
     SearcherState.LOADING: "yellow",
     SearcherState.STARTING: "yellow",

@@ -23,9 +23,10 @@ def test_the_repository_keeps_the_contract() -> None:
     assert "check_layers.py" in (ROOT / "Makefile").read_text().split("\nlint:", 1)[1].split("\n\n", 1)[0]
 
 
-def _tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
+def _tree(root: Path, modules: dict[str, str]) -> Path:
+    """A tree of modules, each named as it is imported (``tba.model.__init__`` for a package)."""
+    for name, text in modules.items():
+        path = root.joinpath(*name.split(".")).with_suffix(".py")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     for package in check_layers.PACKAGES:
@@ -37,19 +38,19 @@ def test_an_upward_import_and_a_hidden_circle_are_each_caught(tmp_path: Path) ->
     root = _tree(
         tmp_path,
         {
-            "tba/__init__.py": "",
-            "tba/settings.py": "from tba.model.adapters import TARGETS\n",  # contracts -> models: upwards
-            "tba/model/__init__.py": "",
-            "tba/model/adapters.py": "TARGETS = ()\n",
-            "tba/model/sft.py": "def f():\n    from tba.tasks.redteam import X\n",  # a circle hidden in a function
-            "tba/tasks/__init__.py": "",
-            "tba/tasks/redteam.py": "from tba.model import sft\nX = 1\n",
-            "services/__init__.py": "",
-            "services/trainer.py": "from tba.local import lifetime\n",  # a service importing the launcher
-            "tba/local/__init__.py": "",
-            "tba/local/lifetime.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tba.cli\n",
-            "tba/cli.py": "import services.trainer\n",  # the composition root may
-            "benchmarks/x.py": "import tba.cli\n",  # tools may
+            "tba.__init__": "",
+            "tba.settings": "from tba.model.adapters import TARGETS\n",  # contracts -> models: upwards
+            "tba.model.__init__": "",
+            "tba.model.adapters": "TARGETS = ()\n",
+            "tba.model.sft": "def f():\n    from tba.tasks.redteam import X\n",  # a circle hidden in a function
+            "tba.tasks.__init__": "",
+            "tba.tasks.redteam": "from tba.model import sft\nX = 1\n",
+            "services.__init__": "",
+            "services.trainer": "from tba.local import lifetime\n",  # a service importing the launcher
+            "tba.local.__init__": "",
+            "tba.local.lifetime": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tba.cli\n",
+            "tba.cli": "import services.trainer\n",  # the composition root may
+            "benchmarks.x": "import tba.cli\n",  # tools may
         },
     )
     assert sorted(check_layers.violations(root)) == [
@@ -60,6 +61,6 @@ def test_an_upward_import_and_a_hidden_circle_are_each_caught(tmp_path: Path) ->
 
 
 def test_a_module_no_layer_claims_is_named(tmp_path: Path, monkeypatch) -> None:
-    root = _tree(tmp_path, {"tba/__init__.py": "", "tba/new.py": ""})
+    root = _tree(tmp_path, {"tba.__init__": "", "tba.new": ""})
     monkeypatch.setattr(check_layers, "LAYERS", {k: v for k, v in check_layers.LAYERS.items() if k != "tba"})
     assert "tba.new: no layer claims this module (scripts/check_layers.py LAYERS)" in check_layers.violations(root)
