@@ -161,7 +161,15 @@ def check_args(args: argparse.Namespace) -> None:
         make_task(args.task, args.searcher_settings.task_options)
     except ValueError as err:
         raise UsageError(f"--task: {err}") from None
-    args.trainer_procs = load_settings(TrainerSettings, trainer_procs=args.trainer_procs).trainer_procs
+    args.trainer_settings = load_settings(  # the trainer's settings as tba up will start it
+        TrainerSettings,
+        trainer_procs=args.trainer_procs,
+        mode=args.mode,
+        loss=args.loss,
+        max_steps=args.max_steps,
+        max_seconds=max(1.0, args.minutes * 60),
+    )
+    args.trainer_procs = args.trainer_settings.trainer_procs
     try:
         args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
         args.searcher_cpus = _placement(args.searcher_cpus, "--searcher-cpus")
@@ -222,10 +230,11 @@ class LocalRun:
         self.sup = Supervisor()
         self.stop = _Stop()
         # The run's secrets: from the environment, else made for this run. Nothing the run writes holds them.
-        self.token = os.environ.get("TBA_AUTH_TOKEN") or secrets.token_urlsafe(24)
+        s = args.searcher_settings  # TBA_* as every service reads them (check_args loaded them)
+        self.token = s.auth_token.get_secret_value() if s.auth_token else secrets.token_urlsafe(24)
         self.redis_password = os.environ.get("REDIS_PASSWORD") or secrets.token_urlsafe(24)
         self._secret_dir: Path | None = None  # where redis-server's password file lives during the run
-        self.namespace = os.environ.get("TBA_NAMESPACE", "tba")
+        self.namespace = s.namespace
         self.t0 = time.time()
         self.redis_url = ""
         self.listen_done = threading.Event()  # outlives the stop event: the final checkpoint is announced late
@@ -465,7 +474,7 @@ class LocalRun:
             self.run_dir / "tensorboard",
             name="eval",
             wandb_mode=self.args.wandb,
-            wandb_project=os.environ.get("TBA_WANDB_PROJECT", "tba"),
+            wandb_project=self.args.trainer_settings.wandb_project,
             wandb_group=self.run_dir.name,
             wandb_dir=self.run_dir,
             config={

@@ -41,6 +41,11 @@ def test_a_bad_value_is_named(monkeypatch, argv, env, error, says) -> None:
     assert says in str(caught.value), str(caught.value)
 
 
+def test_a_schedule_that_decays_over_the_runs_budget_is_accepted(monkeypatch) -> None:
+    """The trainer's settings are checked as tba up starts the trainer: with the run's budget as its limit."""
+    check_args(parse(monkeypatch, ["--minutes", "3"], {"TBA_LR_SCHEDULE": "linear"}))
+
+
 def test_good_values_resolve(monkeypatch) -> None:
     args = parse(monkeypatch, ["--trainer-procs", "2", "--searcher-cpus", "0"], {"TBA_TASK_OPTIONS": '{"digits": 3}'})
     check_args(args)
