@@ -301,14 +301,9 @@ def leaks(secrets_: dict[str, str], texts: Iterable[str], files: Iterable[Path])
 
 
 def files_under(root: Path) -> list[Path]:
+    """Every file below ``root``: for a run directory, the services' logs, the checkpoints with the trainer's
+    state, the summary, timeline, report, TensorBoard and W&B files, Redis's own files."""
     return sorted(path for path in root.rglob("*") if path.is_file())
-
-
-def local_run_leaks(run_dir: Path, secrets_: dict[str, str], output: Iterable[str] = ()) -> list[str]:
-    """Where any secret occurs in what a ``tba up`` run wrote: every file of its run directory (the services'
-    logs, the checkpoints with the trainer's state, the summary, timeline, report, TensorBoard and W&B files,
-    Redis's own files) and its console ``output``."""
-    return leaks(secrets_, output, files_under(run_dir))
 
 
 def check_local_run(work: Path, token: str, password: str, result: SecurityResult, max_steps: int = 6) -> None:
@@ -333,8 +328,8 @@ def check_local_run(work: Path, token: str, password: str, result: SecurityResul
     )
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     checkpoints = len(list((run_dir / "checkpoints").glob("step-*")))
-    found = local_run_leaks(run_dir, {"token": token, "Redis password": password}, [proc.stdout, proc.stderr])
     files = files_under(run_dir)
+    found = leaks({"token": token, "Redis password": password}, [proc.stdout, proc.stderr], files)
     result.add(
         "no secret in a whole `tba up` run directory (checkpoints, logs, summary, report, TensorBoard, W&B)",
         len(files),
@@ -431,7 +426,7 @@ def security(work: Path, timed_requests: int = TIMED_REQUESTS, local_run: bool =
         check_redis_password(server, work, token, result, answers, logs, timed_requests)
     finally:
         server.stop()
-    files = [*logs, *sorted((work / "redis").rglob("*"))]
+    files = [*logs, *files_under(work / "redis")]
     found = leaks({"token": token, "Redis password": password}, answers, files)
     result.add(
         "no secret in logs, answers, stored data or Redis's files",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from reliability.procs import running_with
-from reliability.security import files_under, local_run_leaks
+from reliability.security import files_under, leaks
 from tba.local.commands import tba_command
 from tests.prometheus import Prometheus, dashboard_expressions, metric_names
 
@@ -111,7 +111,7 @@ def test_no_secret_in_anything_the_run_wrote(run: dict) -> None:
     Redis's own files) and none of its output holds either: the one redaction is tba.settings."""
     files = files_under(run["dir"])
     assert any(p.name == "state.json" for p in files) and any(p.suffix == ".html" for p in files)
-    assert local_run_leaks(run["dir"], SECRETS, [run["stdout"], run["stderr"]]) == []
+    assert leaks(SECRETS, [run["stdout"], run["stderr"]], files) == []
     assert run["summary"]["endpoints"]["redis"].startswith("redis://***@127.0.0.1:")
 
 
