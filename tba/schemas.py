@@ -209,6 +209,12 @@ class SampleRequest(_Strict):
         description="Serve only once the buffer has taken in at least this many generated samples "
         "(duplicates included): the trainer's bound on samples consumed per sample generated.",
     )
+    after_arrival: Annotated[int, Field(ge=0, le=MAX_COUNTER), _INTEGRAL] | None = Field(
+        None,
+        description="The recency branch serves, in arrival order, the prompts whose newest group arrived after "
+        "this arrival number (the previous answer's arrival_cursor; 0 from the start), each arrival once, "
+        "their samples within max_staleness; unset: it draws uniformly among the newest versions' prompts.",
+    )
     wait_seconds: float = Field(
         0.0,
         ge=0.0,
@@ -254,6 +260,9 @@ class SampledBatch(_Versioned):
     groups: list[SampledGroup]
     samples_generated: int | None = Field(
         None, description="Generated samples the buffer had taken in when it drew the batch (duplicates included)."
+    )
+    arrival_cursor: int | None = Field(
+        None, description="The last arrival the recency branch looked at: the next request's after_arrival."
     )
 
 

@@ -249,6 +249,12 @@ class DrawSettings(BaseModel):
         description="How the recency branch draws a prompt's K samples: uniformly among its distinct completions, "
         "or as generated (a completion generated c times counts c times, as the policy's own distribution).",
     )
+    recency_order: Literal["arrival", "newest"] = Field(
+        "arrival",
+        description="How the recency branch picks its prompts (async mode): each newly arrived group once, in "
+        "arrival order (arrival), or uniformly among the prompts holding the newest recent_versions versions "
+        "(newest).",
+    )
     recent_versions: int | None = Field(
         None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k)."
     )

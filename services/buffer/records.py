@@ -21,7 +21,7 @@ RECORD_FIELDS = ("completion_ids", "logprob_sum", "ref_logprob_sum", "finish_rea
 # A served sample is its record plus what the prompt's view holds of it.
 SERVED_FIELDS = (*RECORD_FIELDS, "reward", "version", "staleness")
 GROUP_FIELDS = ("prompt_id", "prompt_ids", "prompt_text", "task", "branch", "samples")
-BATCH_FIELDS = ("schema_version", "trainer_version", "groups", "samples_generated")
+BATCH_FIELDS = ("schema_version", "trainer_version", "groups", "samples_generated", "arrival_cursor")
 
 
 def sample_id(completion_ids: list[int]) -> str:
@@ -90,13 +90,16 @@ def served_group(
     }
 
 
-def served_batch(trainer_version: int, groups: list[dict[str, Any]], samples_generated: int) -> dict[str, Any]:
+def served_batch(
+    trainer_version: int, groups: list[dict[str, Any]], samples_generated: int, arrival_cursor: int | None
+) -> dict[str, Any]:
     """A :class:`SampledBatch` in its wire form, around groups from :func:`served_group`."""
     return {
         "schema_version": SCHEMA_VERSION,
         "trainer_version": trainer_version,
         "groups": groups,
         "samples_generated": samples_generated,
+        "arrival_cursor": arrival_cursor,
     }
 
 

@@ -3,7 +3,10 @@
 For each of the P prompt slots independently, with probability m the **recency**
 branch takes a prompt (without replacement) among those holding samples of the
 newest versions, ``version >= newest_stored - recent_versions + 1``, and draws K
-of those samples uniformly; otherwise, or when no recent prompt is left, the
+of those samples uniformly; or, when the request carries ``after_arrival`` (the
+trainer's cursor), the next prompts whose newest group arrived after it, in
+arrival order, each arrival served once (the answer's ``arrival_cursor`` is the
+next request's); otherwise, or when no recent prompt is left, the
 **reward** branch takes any eligible prompt (without replacement) and draws K of
 its samples with probability softmax(inv_temp · reward). A prompt appears at most
 once per batch. Samples are drawn without replacement when the prompt has at least
@@ -80,6 +83,7 @@ class Picked:
     """The prompts drawn for a batch, the recency picks first, and the cut-offs their samples are held to."""
 
     recency_taken: int
+    arrival_cursor: int | None  # the last arrival the recency branch looked at (after_arrival requests)
     thresholds: Thresholds
     views: list[PromptView]
 
@@ -196,7 +200,7 @@ class Sampler:
             if len(present) < len(recs):  # evicted between the pick and this read: draw again
                 return None
             groups.append(served_group(view, branch, idx, present, req.trainer_version))
-        return served_batch(req.trainer_version, groups, generated)
+        return served_batch(req.trainer_version, groups, generated, picked.arrival_cursor)
 
     async def _pick(self, req: SampleRequest, recency_slots: int, uniforms: list[float]) -> Picked:
         """Draw the batch's prompts from the global indexes, then read each one atomically; raises
@@ -210,6 +214,7 @@ class Sampler:
             "" if req.only_version is None else req.only_version,
             req.num_prompts,
             recency_slots,
+            "" if req.after_arrival is None else req.after_arrival,
             *(repr(u) for u in uniforms),
         ]
         answer = await store.scripts.pick_prompts(keys=[store.keys.global_key("newest_version")], args=args)
@@ -219,7 +224,7 @@ class Sampler:
                 f"the buffer holds {eligible} eligible prompts, fewer than "
                 f"num_prompts={req.num_prompts}{_eligibility_note(req, float(reward_low))}"
             )
-        recency_low, recency_taken, *prompts = rest
+        recency_low, recency_taken, cursor, *prompts = rest
         prompts = [p.decode() for p in prompts]
         calls = [(store.prompt_script_keys(p), [store.keys.prompt_key(p, "")]) for p in prompts]
         read = await store.scripts.many(store.scripts.read_prompt, calls)
@@ -228,6 +233,7 @@ class Sampler:
                 raise r
         return Picked(
             recency_taken=int(recency_taken),
+            arrival_cursor=int(cursor) if cursor else None,
             thresholds=Thresholds(float(recency_low), float(reward_low), req.only_version),
             views=[prompt_view(p, r) for p, r in zip(prompts, read, strict=True)],
         )

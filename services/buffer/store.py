@@ -48,6 +48,7 @@ STAT_COUNTERS = (
     "samples_dead_lettered",
     "groups_ingested",
     "groups_duplicate",
+    "groups_arrived",
     "dead_letters",
     "samples_served",
     "sample_requests",

@@ -49,6 +49,7 @@ class TrainerState:
     beta: float  # beta of the last step taken
     samples_seen: int = 0
     tokens_seen: int = 0
+    arrival_cursor: int = 0  # the buffer's arrivals served so far (recency_order "arrival")
     run_seconds: float = 0.0  # the run's time so far (the time-based LR schedule and budget)
     settings: dict[str, Any] = field(default_factory=dict)  # for humans: what the run was started with
 

@@ -71,6 +71,7 @@ class Trainer:
         self.beta = self.beta_schedule(1)
         self.samples_seen = 0
         self.tokens_seen = 0
+        self.arrival_cursor = 0  # the last arrival the buffer served (recency_order "arrival")
         self.batch_samples = settings.prompts_per_step * settings.train_samples_per_prompt
         self.reuse = ReuseBound(settings.max_reuse if settings.mode == "async" else None)
         self.health: HealthServer | None = None
@@ -187,6 +188,7 @@ class Trainer:
             st = resume.state
             self.step, self.published, self.beta = st.step, resume.manifest.version, st.beta
             self.samples_seen, self.tokens_seen = st.samples_seen, st.tokens_seen
+            self.arrival_cursor = st.arrival_cursor
             self._seconds_before = st.run_seconds
             log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
         else:
@@ -352,6 +354,7 @@ class Trainer:
             max_staleness=None if sync else s.max_staleness,
             only_version=self.step if sync else None,
             min_samples_generated=None if sync else self.reuse.min_generated(self.samples_seen, self.batch_samples),
+            after_arrival=self.arrival_cursor if not sync and s.recency_order == "arrival" else None,
             wait_seconds=s.sample_wait_seconds,
             seed=None if s.sample_seed is None else s.sample_seed + self.step,
             temperature=s.temperature,
@@ -374,6 +377,8 @@ class Trainer:
             now = time.monotonic()
             if isinstance(answer, SampledBatch):
                 self.reuse.read(answer.samples_generated)
+                if answer.arrival_cursor is not None:
+                    self.arrival_cursor = answer.arrival_cursor
                 self.metrics.add_wait(now - mark, reason)
                 return answer, now - start, reason
             reason = ON_POLICY if sync else WAIT_REASONS.get(answer.code, answer.code)
@@ -428,6 +433,7 @@ class Trainer:
             beta=self.beta,
             samples_seen=self.samples_seen,
             tokens_seen=self.tokens_seen,
+            arrival_cursor=self.arrival_cursor,
             run_seconds=self.run_seconds(),
             settings=s.public_dump(),
         )

@@ -131,3 +131,56 @@ async def test_prompts_are_drawn_uniformly_without_replacement(sampler) -> None:
     recent = await draw(sampler, 300, num_prompts=1, samples_per_prompt=1, trainer_version=1, recency_prob=1.0)
     counts = Counter(g["prompt_id"] for g in recent)  # recency: uniform among p1, p3, p5 (version 1)
     assert p_value(counts, {p: 1 / 3 for p in ("p1", "p3", "p5")}) > ACCEPT
+
+
+async def arrival_draw(sampler: Sampler, after: int, num_prompts: int = 2, **kw) -> tuple[list[tuple[str, str]], int]:
+    """One batch drawn in arrival order after ``after``: its (prompt, branch) pairs and its cursor."""
+    kw = {"samples_per_prompt": 2, "trainer_version": 5, "recency_prob": 1.0, "seed": after, **kw}
+    batch = await served(sampler, SampleRequest(num_prompts=num_prompts, after_arrival=after, **kw))
+    assert batch.arrival_cursor is not None
+    return [(g.prompt_id, g.branch) for g in batch.groups], batch.arrival_cursor
+
+
+async def test_arrival_order_serves_each_new_group_once_oldest_first(sampler) -> None:
+    """With the trainer's cursor, the recency branch takes the groups in the order they arrived, each once;
+    with nothing new it falls back to the reward branch; a prompt whose new group arrives comes again."""
+    for i in range(6):
+        await sampler.store.write_group(make_group(f"p{i}", version=5))
+    served_order, cursor = [], 0
+    for _ in range(3):
+        groups, cursor = await arrival_draw(sampler, cursor)
+        assert {branch for _, branch in groups} == {"recency"}
+        served_order += [prompt for prompt, _ in groups]
+    assert served_order == [f"p{i}" for i in range(6)] and cursor == 6
+    groups, again = await arrival_draw(sampler, cursor)
+    assert again == 6 and {branch for _, branch in groups} == {"reward"}  # nothing new: replay
+    await sampler.store.write_group(make_group("p1", version=5))
+    groups, cursor = await arrival_draw(sampler, cursor)
+    assert groups[0] == ("p1", "recency") and groups[1][1] == "reward" and cursor == 7
+    # Without a cursor the branch draws among the newest versions' prompts: no cursor comes back.
+    batch = await served(sampler, SampleRequest(num_prompts=2, samples_per_prompt=2, trainer_version=5, seed=0))
+    assert batch.arrival_cursor is None
+
+
+async def test_arrival_order_skips_groups_beyond_the_staleness_bound_and_passes_them(sampler) -> None:
+    """Arrivals holding no sample within max_staleness are looked at once and never served; the cursor moves
+    past them, and the samples of those served are all within the bound."""
+    for i, version in enumerate([1, 5, 1, 4, 5]):
+        await sampler.store.write_group(make_group(f"p{i}", version=version))
+    batch = await served(
+        sampler,
+        SampleRequest(
+            num_prompts=3, samples_per_prompt=2, trainer_version=6, recency_prob=1.0, max_staleness=2, after_arrival=0
+        ),
+    )
+    assert [g.prompt_id for g in batch.groups] == ["p1", "p3", "p4"] and batch.arrival_cursor == 5
+    assert all(s.version >= 4 for g in batch.groups for s in g.samples)
+
+
+async def test_a_cursor_beyond_every_arrival_starts_again_from_the_first(sampler) -> None:
+    """A cursor past the buffer's arrivals (its Redis started afresh, the trainer's cursor did not) is read
+    as the start: the new arrivals are served, not skipped for ever."""
+    for i in range(3):
+        await sampler.store.write_group(make_group(f"p{i}", version=5))
+    groups, cursor = await arrival_draw(sampler, 1_000)
+    assert groups == [("p0", "recency"), ("p1", "recency")] and cursor == 2

@@ -673,12 +673,22 @@ def test_async_trainer_waits_while_a_bound_binds_and_resumes_on_fresh_samples(
 ):
     """reuse: 18 samples generated allow two batches of 8 at max_reuse 1, the third waits for 6 more;
     staleness: samples of version 0 serve versions 0 and 1 at max_staleness 1, version 2 waits for new ones.
-    The trainer says why it waits (status, metrics), and its reported ratio is what it consumed."""
+    The trainer says why it waits (status, metrics), and its reported ratio is what it consumed. Its
+    recency branch takes the groups in arrival order: its cursor ends at the last group that arrived, and
+    the final checkpoint carries it for a resumed trainer."""
     buffer.start()
     r = redis_server.client()
     limits = {"max_reuse": 1.0, "max_staleness": None} if bound == "reuse" else {"max_reuse": None, "max_staleness": 1}
     s = settings_for(
-        redis_server, buffer, tiny_model, tmp_path, max_steps=3, warmup_samples=8, sample_wait_seconds=0.5, **limits
+        redis_server,
+        buffer,
+        tiny_model,
+        tmp_path,
+        max_steps=3,
+        warmup_samples=8,
+        sample_wait_seconds=0.5,
+        recency_prob=1.0,
+        **limits,
     )
     publish_groups(r, group_pool[:3], version=0)
     trainer = Trainer(s)
@@ -701,3 +711,8 @@ def test_async_trainer_waits_while_a_bound_binds_and_resumes_on_fresh_samples(
         assert rows[1]["reuse"] == pytest.approx(16 / 18, abs=1e-4) and rows[2]["reuse"] == 1.0  # 24 of 24
     else:
         assert rows[2]["staleness_hist"] == {"0": 8}  # only the new version-2 samples
+    arrived = 4 if bound == "reuse" else 5
+    assert int(r.hget(Keys(NS).global_key("stats"), "groups_arrived")) == arrived
+    assert trainer.arrival_cursor == arrived
+    manifest = CheckpointStore(s.checkpoint_dir).read_manifest()
+    assert manifest is not None and load_state(s.checkpoint_dir / manifest.path).arrival_cursor == arrived

@@ -62,6 +62,8 @@ def check_consistency(client, ns: str = "tba") -> dict:
     newest = {k.decode(): int(v) for k, v in client.zrange(g + "newest_version", 0, -1, withscores=True)}
     oldest = {k.decode(): int(v) for k, v in client.zrange(g + "oldest_sample", 0, -1, withscores=True)}
     assert set(newest) == set(oldest), "newest_version and oldest_sample index different prompts"
+    arrivals = {k.decode() for k in client.zrange(g + "arrivals", 0, -1)}
+    assert arrivals == set(newest), "the arrival order and newest_version index different prompts"
     version_counts: dict[int, int] = {}
     total, reward_sum = 0, 0.0
     for p in newest:

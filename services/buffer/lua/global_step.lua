@@ -67,6 +67,7 @@ local function apply_index(prompt, delta)
   if delta.oldest < 0 then
     redis.call('ZREM', prefix .. 'newest_version', prompt)
     redis.call('ZREM', prefix .. 'oldest_sample', prompt)
+    redis.call('ZREM', prefix .. 'arrivals', prompt)
   else
     redis.call('ZADD', prefix .. 'newest_version', vstr(delta.newest), prompt)
     redis.call('ZADD', prefix .. 'oldest_sample', vstr(delta.oldest), prompt)
@@ -113,6 +114,11 @@ for i = 0, count - 1 do
         local delta = cmsgpack.unpack(packed)
         apply_counts(delta)
         apply_index(prompt, delta)
+        -- The arrival order the recency branch serves new groups in (pick_prompts.lua): the prompt moves to
+        -- the end of the queue, numbered by the groups that arrived before it.
+        if redis.call('ZSCORE', prefix .. 'newest_version', prompt) then
+          redis.call('ZADD', prefix .. 'arrivals', redis.call('HINCRBY', stats, 'groups_arrived', 1), prompt)
+        end
         labels[label] = true
         redis.call('ZADD', groups, now, group_id)
         redis.call('HSET', group_tokens, group_id, token)

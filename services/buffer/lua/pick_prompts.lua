@@ -3,14 +3,24 @@
 -- compute the version cut-offs of the sampling rule, the only place they are computed: a sample may
 -- serve the reward branch when its version >= reward_low, the recency branch when >= recency_low.
 -- ARGV: prefix trainer_version recent_versions max_staleness ('' none) only_version ('' none)
---       num_prompts recency_slots u_1 .. u_2P (uniforms in [0, 1) from the caller's seeded RNG)
+--       num_prompts recency_slots after_arrival ('' none) u_1 .. u_2P (uniforms in [0, 1) from the
+--       caller's seeded RNG)
 -- Returns {eligible, reward_low} when fewer than num_prompts prompts are eligible, else
--- {eligible, reward_low, recency_low, recency_taken, prompt ids (the recency picks first) ...}.
+-- {eligible, reward_low, recency_low, recency_taken, arrival_cursor ('' none), prompt ids (the recency
+-- picks first) ...}.
 -- Cut-offs are strings ('-inf' when unbounded); with only_version, both are that version.
+--
+-- The recency branch picks its prompts one of two ways. With after_arrival, in arrival order: the prompts
+-- whose newest group arrived after that arrival number (global_step.lua numbers them), oldest first,
+-- skipping those holding no sample within the staleness bound; the returned arrival_cursor is the number
+-- of the last one looked at, for the caller's next request, so that each arrival is served once. Its
+-- samples are those within the staleness bound. Without it, uniformly among the prompts holding a sample
+-- of the newest recent_versions versions, and its samples are those versions'.
 local prefix = ARGV[1]
 local trainer_version, recent_versions = tonumber(ARGV[2]), tonumber(ARGV[3])
 local num_prompts, recency_slots = tonumber(ARGV[6]), tonumber(ARGV[7])
-local next_uniform = 8
+local after_arrival = ARGV[8]
+local next_uniform = 9
 
 local function bound(version)
   if version == -math.huge then return '-inf' end
@@ -56,13 +66,36 @@ local function draw(k, n, offset)
   return out
 end
 
-local recency_taken = math.min(recency_slots, n_recency)
-local out, chosen = {n_reward, bound(reward_low), bound(recency_low), recency_taken}, {}
-for _, rank in ipairs(draw(recency_taken, n_recency, size - n_recency)) do
-  local prompt = redis.call('ZRANGE', index, rank, rank)[1]
+local picks, cursor = {}, ''
+if after_arrival ~= '' and ARGV[5] == '' then
+  recency_low = reward_low
+  cursor = tonumber(after_arrival)
+  -- A cursor beyond every arrival numbered: the buffer's Redis started afresh; serve from its start.
+  if cursor > (tonumber(redis.call('HGET', prefix .. 'stats', 'groups_arrived')) or 0) then cursor = 0 end
+  while #picks < recency_slots do
+    local next_arrivals = redis.call('ZRANGEBYSCORE', prefix .. 'arrivals', '(' .. vstr(cursor), '+inf',
+                                     'WITHSCORES', 'LIMIT', 0, recency_slots - #picks)
+    if #next_arrivals == 0 then break end
+    for i = 1, #next_arrivals, 2 do
+      local prompt = next_arrivals[i]
+      cursor = tonumber(next_arrivals[i + 1])
+      local newest = redis.call('ZSCORE', index, prompt)
+      if newest and tonumber(newest) >= reward_low then picks[#picks + 1] = prompt end
+    end
+  end
+  cursor = vstr(cursor)
+else
+  for _, rank in ipairs(draw(math.min(recency_slots, n_recency), n_recency, size - n_recency)) do
+    picks[#picks + 1] = redis.call('ZRANGE', index, rank, rank)[1]
+  end
+end
+
+local out, chosen = {n_reward, bound(reward_low), bound(recency_low), #picks, cursor}, {}
+for _, prompt in ipairs(picks) do
   chosen[prompt] = true
   out[#out + 1] = prompt
 end
+local recency_taken = #picks
 local need = num_prompts - recency_taken
 for _, rank in ipairs(draw(math.min(n_reward, num_prompts), n_reward, size - n_reward)) do
   if need == 0 then break end
