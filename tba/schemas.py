@@ -124,6 +124,38 @@ class _Versioned(_Strict):
         return v
 
 
+# [start, end) token ranges of a completion; a trajectory of T turns has at most T - 1 of them.
+EnvSpans = Annotated[list[Annotated[list[Int], Field(min_length=2, max_length=2)]], Field(max_length=1024)]
+
+
+def check_env_spans(spans: list[list[int]] | None, length: int) -> None:
+    """Raise ValueError unless ``spans`` are sorted, disjoint, non-empty ranges within ``length`` tokens that
+    leave at least one token to the model."""
+    if not spans:
+        return
+    end = 0
+    for start, stop in spans:
+        if not end <= start < stop <= length:
+            raise ValueError(
+                f"env_spans must be sorted, disjoint, non-empty [start, end) ranges within the completion's "
+                f"{length} tokens; got {spans}"
+            )
+        end = stop
+    if sum(stop - start for start, stop in spans) >= length:
+        raise ValueError("env_spans cover the whole completion: a trajectory needs at least one model token")
+
+
+def model_token_flags(length: int, env_spans: list[list[int]] | None) -> list[bool] | None:
+    """Per token of a completion, whether the model generated it (the environment's spans are False);
+    None when every token is the model's."""
+    if not env_spans:
+        return None
+    flags = [True] * length
+    for start, stop in env_spans:
+        flags[start:stop] = [False] * (stop - start)
+    return flags
+
+
 class ScoredSample(_Strict):
     """One completion of a prompt, scored by the task and the reference model."""
 
@@ -134,6 +166,12 @@ class ScoredSample(_Strict):
     ref_logprob_sum: LogProb = Field(description="Reference model log-prob sum, tempered logits.")
     finish_reason: FinishReason = Field("stop", description="Why generation ended.")
     token_logprobs: list[LogProb] | None = Field(None, description="Per-token behaviour log-probs, if asked.")
+    env_spans: EnvSpans | None = Field(
+        None,
+        description="Multi-turn: the [start, end) ranges of completion_ids the environment wrote between the "
+        "model's turns (tool results, observations): context, never scored. Sorted, disjoint, within the "
+        "completion, leaving at least one model token.",
+    )
 
     @model_validator(mode="after")
     def _lengths_match(self) -> ScoredSample:
@@ -142,6 +180,7 @@ class ScoredSample(_Strict):
                 f"token_logprobs has {len(self.token_logprobs)} entries "
                 f"but completion_ids has {len(self.completion_ids)}"
             )
+        check_env_spans(self.env_spans, len(self.completion_ids))
         return self
 
 
@@ -211,9 +250,9 @@ class SampleRequest(_Strict):
     )
     after_arrival: Annotated[int, Field(ge=0, le=MAX_COUNTER), _INTEGRAL] | None = Field(
         None,
-        description="The recency branch serves, in arrival order, the prompts whose newest group arrived after "
-        "this arrival number (the previous answer's arrival_cursor; 0 from the start), each arrival once, "
-        "their samples within max_staleness; unset: it draws uniformly among the newest versions' prompts.",
+        description="The recency branch takes, in arrival order, the prompts whose newest group arrived after "
+        "this arrival number (the previous answer's arrival_cursor; 0 from the start), each arrival once; "
+        "unset: it draws uniformly among the newest versions' prompts.",
     )
     wait_seconds: float = Field(
         0.0,
@@ -242,6 +281,7 @@ class SampledSample(_Strict):
     version: int = Field(description="Policy version that generated the sample.")
     staleness: int = Field(description="trainer_version - version.")
     finish_reason: FinishReason = "stop"
+    env_spans: list[list[int]] | None = Field(None, description="The environment's token ranges (multi-turn).")
 
 
 class SampledGroup(_Strict):

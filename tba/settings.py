@@ -251,9 +251,8 @@ class DrawSettings(BaseModel):
     )
     recency_order: Literal["arrival", "newest"] = Field(
         "arrival",
-        description="How the recency branch picks its prompts (async mode): each newly arrived group once, in "
-        "arrival order (arrival), or uniformly among the prompts holding the newest recent_versions versions "
-        "(newest).",
+        description="How the recency branch picks among the prompts holding the newest recent_versions versions "
+        "(async mode): in the order their groups arrived, each arrival once (arrival), or uniformly (newest).",
     )
     recent_versions: int | None = Field(
         None, ge=1, description="Versions the recency branch counts as 'since the last sync' (unset: k)."

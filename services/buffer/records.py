@@ -17,16 +17,17 @@ from typing import Any
 from tba.codec import pack, unpack
 from tba.schemas import SCHEMA_VERSION, SampledBatch, SampledGroup, SampledSample, ScoredSample
 
-RECORD_FIELDS = ("completion_ids", "logprob_sum", "ref_logprob_sum", "finish_reason")
+RECORD_FIELDS = ("completion_ids", "logprob_sum", "ref_logprob_sum", "finish_reason", "env_spans")
 # A served sample is its record plus what the prompt's view holds of it.
 SERVED_FIELDS = (*RECORD_FIELDS, "reward", "version", "staleness")
 GROUP_FIELDS = ("prompt_id", "prompt_ids", "prompt_text", "task", "branch", "samples")
 BATCH_FIELDS = ("schema_version", "trainer_version", "groups", "samples_generated", "arrival_cursor")
 
 
-def sample_id(completion_ids: list[int]) -> str:
-    """Digest of the token sequence: exact-duplicate completions share an id (dedup by key)."""
-    return hashlib.blake2b(pack(completion_ids), digest_size=8).hexdigest()
+def sample_id(completion_ids: list[int], env_spans: list[list[int]] | None = None) -> str:
+    """Digest of the token sequence (and of which of its tokens the environment wrote, in a multi-turn
+    trajectory): exact-duplicate completions share an id (dedup by key)."""
+    return hashlib.blake2b(pack([completion_ids, env_spans] if env_spans else completion_ids), digest_size=8).hexdigest()
 
 
 def encode_record(sample: ScoredSample) -> bytes:
@@ -77,7 +78,7 @@ def served_group(
     strict schema. Validating here too would cost a fifth of the sampler's throughput for nothing new."""
     samples = []
     for i, record in zip(picks, records, strict=True):
-        sample = dict(zip(RECORD_FIELDS, unpack(record), strict=True))
+        sample = dict(zip(RECORD_FIELDS, unpack(record), strict=False))
         sample.update(reward=view.rewards[i], version=view.versions[i], staleness=trainer_version - view.versions[i])
         samples.append(sample)
     return {

@@ -3,10 +3,10 @@
 For each of the P prompt slots independently, with probability m the **recency**
 branch takes a prompt (without replacement) among those holding samples of the
 newest versions, ``version >= newest_stored - recent_versions + 1``, and draws K
-of those samples uniformly; or, when the request carries ``after_arrival`` (the
-trainer's cursor), the next prompts whose newest group arrived after it, in
-arrival order, each arrival served once (the answer's ``arrival_cursor`` is the
-next request's); otherwise, or when no recent prompt is left, the
+of those samples uniformly (when the request carries ``after_arrival``, the
+trainer's cursor, it takes those prompts in the order their newest group arrived
+after it instead, each arrival once: the answer's ``arrival_cursor`` is the next
+request's); otherwise, or when no recent prompt is left, the
 **reward** branch takes any eligible prompt (without replacement) and draws K of
 its samples with probability softmax(inv_temp · reward). A prompt appears at most
 once per batch. Samples are drawn without replacement when the prompt has at least

@@ -47,8 +47,14 @@ class Reference:
             # The generation worker has its own cores: more threads than the spare ones would take from it.
             torch.set_num_threads(settings.ref_threads or max(1, len(spare_cpus())))
 
-    def logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[float]:
-        """log pi_ref(y_i|x_i) under logits/T for each pair, in order."""
+    def logprobs(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        scored: Sequence[Sequence[bool]] | None = None,
+    ) -> list[float]:
+        """log pi_ref(y_i|x_i) under logits/T for each pair, in order, summed over the model's tokens only
+        (``scored``, multi-turn: the environment's tokens are context)."""
         from tba.model.logprobs import shared_prefix_logprobs_chunked
 
         return shared_prefix_logprobs_chunked(
@@ -58,4 +64,5 @@ class Reference:
             self.settings.temperature,
             self.pad_id,
             self.settings.ref_token_budget,
+            scored,
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tba.model.batches import token_budget_chunks
-from tba.schemas import SampledBatch
+from tba.schemas import SampledBatch, check_env_spans, model_token_flags
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class Row:
     log_ref: float
     version: int
     staleness: int
+    scored: tuple[bool, ...] | None = None  # multi-turn: which completion tokens are the model's (None: all)
 
     @property
     def length(self) -> int:
@@ -52,6 +53,7 @@ class MicroBatch:
     prompt_index: torch.Tensor  # (n,) long, local to this micro-batch
     tokens: int  # real (unpadded) tokens
     padded_tokens: int
+    scored: list[tuple[bool, ...]] | None = None  # per completion, its model tokens (None: single-turn rows only)
 
     @property
     def size(self) -> int:
@@ -72,10 +74,20 @@ def rows_from_batch(batch: SampledBatch, vocab_size: int, max_length: int) -> tu
         if reason is not None:
             problems.append(f"group {gi} (prompt {group.prompt_id!r}): {reason}")
             continue
-        rows.extend(
-            Row(key, prompt_ids, tuple(s.completion_ids), s.reward, s.ref_logprob_sum, s.version, s.staleness)
-            for s in group.samples
-        )
+        for s in group.samples:
+            flags = model_token_flags(len(s.completion_ids), s.env_spans)
+            rows.append(
+                Row(
+                    key,
+                    prompt_ids,
+                    tuple(s.completion_ids),
+                    s.reward,
+                    s.ref_logprob_sum,
+                    s.version,
+                    s.staleness,
+                    None if flags is None else tuple(flags),
+                )
+            )
     return rows, problems
 
 
@@ -90,6 +102,10 @@ def _check_group(group, prompt_ids: tuple[int, ...], vocab_size: int, max_length
             return f"token id outside the vocabulary [0, {vocab_size})"
         if len(ids) > max_length:
             return f"sequence of {len(ids)} tokens exceeds the model's {max_length} positions"
+        try:
+            check_env_spans(s.env_spans, len(s.completion_ids))
+        except ValueError as err:
+            return str(err)
     return None
 
 
@@ -130,6 +146,7 @@ def _collate(units: list[list[Row]]) -> MicroBatch:
         prompt_index=torch.tensor(index, dtype=torch.long),
         tokens=sum(r.length for r in rows),
         padded_tokens=len(rows) * max(r.length for r in rows),
+        scored=None if all(r.scored is None for r in rows) else [r.scored or (True,) * len(r.completion_ids) for r in rows],
     )
 
 

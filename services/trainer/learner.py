@@ -94,7 +94,7 @@ class Learner:
         tokens = prompts = 0
         for mb in micro:
             with autocast(self.device, self.compute_dtype):
-                log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id)
+                log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id, mb.scored)
             x = LossInput(
                 log_pi=log_pi.float(),
                 log_ref=mb.log_ref.to(self.device),

@@ -4,6 +4,11 @@ The one definition of log pi(y|x) in the project: the trainer calls it on the
 policy (with gradients), the searcher on the reference model (without), so the
 two sides of the TB loss are computed the same way (docs/algorithm.md §3). Padding
 is masked out of the sums, so the result does not depend on batch padding.
+
+A multi-turn completion holds the environment's tokens between the model's turns
+(tool results, observations): they are context the model conditions on, never
+its choices, so the sums cover only the tokens ``scored`` marks as the model's
+(per completion, one flag per token; None: all of them).
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ import torch
 
 from tba.model.batches import pad, pad_batch, token_budget_chunks
 
+# Per completion, one flag per token: True where the model generated it (scored), False where the
+# environment wrote it (context). None: every token is the model's (single-turn).
+Scored = Sequence[Sequence[bool]] | None
+
 
 def token_logprobs(
     model: torch.nn.Module,
@@ -22,10 +31,14 @@ def token_logprobs(
     completions: Sequence[Sequence[int]],
     temperature: float,
     pad_id: int,
+    scored: Scored = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of each completion token, (N, L-1), and their mask (N, L-1)."""
+    """Per-token log-probs of each scored completion token, (N, L-1), and their mask (N, L-1)."""
     device = next(model.parameters()).device
     input_ids, attention_mask, completion_mask = pad_batch(prompts, completions, pad_id)
+    if scored is not None:
+        own, _ = pad([[0] * len(p) + [int(f) for f in s] for p, s in zip(prompts, scored, strict=True)], 0)
+        completion_mask &= own[:, : completion_mask.shape[1]].bool()
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # (N, L-1, V)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -41,9 +54,10 @@ def sequence_logprobs(
     completions: Sequence[Sequence[int]],
     temperature: float,
     pad_id: int,
+    scored: Scored = None,
 ) -> torch.Tensor:
-    """log pi(y_i | x_i) summed over completion tokens, shape (N,)."""
-    tok_logp, _ = token_logprobs(model, prompts, completions, temperature, pad_id)
+    """log pi(y_i | x_i) summed over the scored completion tokens, shape (N,)."""
+    tok_logp, _ = token_logprobs(model, prompts, completions, temperature, pad_id, scored)
     return tok_logp.sum(dim=-1)
 
 
@@ -62,7 +76,8 @@ class PrefixTree:
 
     ``tokens[:len(prompt)]`` is the prompt; every later token is a trie node (a completion prefix's last
     token) at position ``len(prompt) + depth``, attending to the prompt and its own ancestors only.
-    ``parents[j]`` is the index whose logits predict token ``j`` (-1 for prompt tokens)."""
+    ``parents[j]`` is the index whose logits predict token ``j`` (-1 for prompt tokens). A completion's
+    path is the nodes its sum covers: its scored tokens' nodes."""
 
     prompt_len: int
     tokens: list[int]
@@ -71,13 +86,20 @@ class PrefixTree:
     paths: dict[int, list[int]] = field(default_factory=dict)  # completion index -> its nodes' indices
 
     @classmethod
-    def build(cls, prompt: Sequence[int], completions: dict[int, Sequence[int]]) -> PrefixTree:
+    def build(
+        cls,
+        prompt: Sequence[int],
+        completions: dict[int, Sequence[int]],
+        scored: dict[int, Sequence[bool]] | None = None,
+    ) -> PrefixTree:
+        """The tree of ``completions`` (completion index -> its tokens) after ``prompt``; ``scored``: the
+        completions whose tokens are not all the model's, with their flags."""
         if not prompt:
             raise ValueError("a prompt needs at least one token (the first completion token is predicted from it)")
         tree = cls(len(prompt), list(prompt), list(range(len(prompt))), [-1] * len(prompt))
         nodes: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
         for i, completion in completions.items():
-            parent, path = len(prompt) - 1, []
+            parent, path, flags = len(prompt) - 1, [], (scored or {}).get(i)
             for depth, tok in enumerate(completion):
                 node = nodes.get((parent, tok))
                 if node is None:
@@ -85,7 +107,8 @@ class PrefixTree:
                     tree.tokens.append(tok)
                     tree.positions.append(len(prompt) + depth)
                     tree.parents.append(parent)
-                path.append(node)
+                if flags is None or flags[depth]:
+                    path.append(node)
                 parent = node
             tree.paths[i] = path
         return tree
@@ -127,12 +150,15 @@ def tree_batch(
     return input_ids, position_ids, mask
 
 
-def prefix_trees(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[PrefixTree]:
+def prefix_trees(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], scored: Scored = None
+) -> list[PrefixTree]:
     """One tree per distinct prompt; completion ``i`` of the inputs is path ``i`` of its prompt's tree."""
     by_prompt: dict[tuple[int, ...], dict[int, Sequence[int]]] = {}
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         by_prompt.setdefault(tuple(p), {})[i] = c
-    return [PrefixTree.build(p, cs) for p, cs in by_prompt.items()]
+    flags = {} if scored is None else {i: f for i, f in enumerate(scored) if not all(f)}
+    return [PrefixTree.build(p, cs, {i: flags[i] for i in cs if i in flags}) for p, cs in by_prompt.items()]
 
 
 def tree_logprob_sums(
@@ -170,6 +196,7 @@ def shared_prefix_logprobs(
     completions: Sequence[Sequence[int]],
     temperature: float,
     pad_id: int,
+    scored: Scored = None,
 ) -> torch.Tensor:
     """What :func:`sequence_logprobs` returns (N,), computing each prompt and each shared completion prefix once.
 
@@ -178,7 +205,7 @@ def shared_prefix_logprobs(
     ancestors; positions by depth), so ``len(prompt) + distinct prefixes`` token positions replace
     ``S * (len(prompt) + len(completion))``. Differentiable, as the trainer needs. The model must take a
     custom 4D mask (sdpa or eager attention, not flash-attention)."""
-    return tree_logprob_sums(model, prefix_trees(prompts, completions), len(prompts), temperature, pad_id)
+    return tree_logprob_sums(model, prefix_trees(prompts, completions, scored), len(prompts), temperature, pad_id)
 
 
 def shared_prefix_logprobs_chunked(
@@ -188,10 +215,11 @@ def shared_prefix_logprobs_chunked(
     temperature: float,
     pad_id: int,
     token_budget: int,
+    scored: Scored = None,
 ) -> list[float]:
     """:func:`shared_prefix_logprobs` without gradients, in passes of at most ``token_budget`` padded tokens
     (whole trees per pass; each completion is in exactly one tree, so the passes' sums add up)."""
-    trees = prefix_trees(prompts, completions)
+    trees = prefix_trees(prompts, completions, scored)
     out = torch.zeros(len(prompts))
     with torch.no_grad():
         for chunk in token_budget_chunks([len(t.tokens) for t in trees], token_budget):

@@ -162,19 +162,20 @@ async def test_arrival_order_serves_each_new_group_once_oldest_first(sampler) ->
     assert batch.arrival_cursor is None
 
 
-async def test_arrival_order_skips_groups_beyond_the_staleness_bound_and_passes_them(sampler) -> None:
-    """Arrivals holding no sample within max_staleness are looked at once and never served; the cursor moves
-    past them, and the samples of those served are all within the bound."""
+async def test_arrival_order_passes_over_groups_outside_the_recency_window(sampler) -> None:
+    """Arrivals holding no sample of the newest recent_versions versions (within max_staleness) are looked
+    at once and never served by the recency branch: the cursor moves past them, and the samples of those
+    served are all within the window. What is left of the batch comes from the reward branch."""
     for i, version in enumerate([1, 5, 1, 4, 5]):
         await sampler.store.write_group(make_group(f"p{i}", version=version))
-    batch = await served(
-        sampler,
-        SampleRequest(
-            num_prompts=3, samples_per_prompt=2, trainer_version=6, recency_prob=1.0, max_staleness=2, after_arrival=0
-        ),
-    )
-    assert [g.prompt_id for g in batch.groups] == ["p1", "p3", "p4"] and batch.arrival_cursor == 5
-    assert all(s.version >= 4 for g in batch.groups for s in g.samples)
+    request = {"num_prompts": 3, "samples_per_prompt": 2, "trainer_version": 6, "recency_prob": 1.0}
+    wide = await served(sampler, SampleRequest(**request, recent_versions=2, max_staleness=2, after_arrival=0))
+    assert [(g.prompt_id, g.branch) for g in wide.groups] == [("p1", "recency"), ("p3", "recency"), ("p4", "recency")]
+    assert wide.arrival_cursor == 5 and all(s.version >= 4 for g in wide.groups for s in g.samples)
+    narrow = await served(sampler, SampleRequest(**request, recent_versions=1, max_staleness=2, after_arrival=0))
+    assert [(g.prompt_id, g.branch) for g in narrow.groups][:2] == [("p1", "recency"), ("p4", "recency")]
+    assert narrow.groups[2].branch == "reward" and narrow.groups[2].prompt_id == "p3"  # v1 is beyond the bound
+    assert narrow.arrival_cursor == 5
 
 
 async def test_a_cursor_beyond_every_arrival_starts_again_from_the_first(sampler) -> None:

@@ -460,3 +460,17 @@ async def test_the_recency_branch_draws_as_generated_when_asked(make_store) -> N
         for s in (await served(sampler, req(samples_per_prompt=4, recency_prob=1.0, seed=seed))).groups[0].samples
     ]
     assert 0.35 < draws.count((9,)) / len(draws) < 0.65  # distinct: each of the two half the time
+
+
+async def test_a_multi_turn_trajectory_keeps_its_environment_spans(make_store, redis_server) -> None:
+    """The same tokens as a single-turn completion and as a two-turn trajectory (the environment wrote two
+    of them) are two samples; each is served with its own spans."""
+    store = await make_store()
+    g = make_group("p", version=1, rewards=[1.0, 0.0], tokens=[[7, 8, 9, 10], [7, 8, 9, 10]])
+    g.samples[0].env_spans = [[1, 3]]
+    res = await store.write_group(g)
+    assert (res.added, res.duplicates) == (2, 0)
+    batch = await served(Sampler(store), req(samples_per_prompt=2, trainer_version=1))
+    spans = sorted((s.env_spans or [], s.reward) for s in batch.groups[0].samples)
+    assert spans == [([], 0.0), ([[1, 3]], 1.0)]
+    check_consistency(redis_server.client())

@@ -140,3 +140,56 @@ def test_a_model_whose_attention_ignores_custom_masks_is_refused(tmp_path: Path)
     )
     with pytest.raises(ValueError, match="needs attention that takes a 4D mask"):
         Reference(SearcherSettings(model=path), pad_id=0)
+
+
+def by_hand(model, prompts, completions, scored) -> torch.Tensor:
+    """Multi-turn sums written out: one forward pass per sequence, log softmax(logits / T) of each token the
+    model generated, the environment's tokens skipped."""
+    out = []
+    for p, c, flags in zip(prompts, completions, scored, strict=True):
+        logp = torch.log_softmax(model(input_ids=torch.tensor([p + c])).logits[0].float() / T, dim=-1)
+        out.append(sum((logp[len(p) + j - 1, tok] for j, tok in enumerate(c) if flags[j]), torch.tensor(0.0)))
+    return torch.stack(out)
+
+
+# Two-turn trajectories (model, environment, model) next to single-turn ones: the first three share their
+# first four tokens, which the environment wrote in the first two (positions 2-3) and the model in the third.
+MULTI_TURN_PROMPTS = [[1, 4], [1, 4], [1, 4], [1, 4], [1, 5, 6, 7, 8], [1, 5, 6, 7, 8]]
+MULTI_TURN = [[3, 4, 9, 9, 5, 2], [3, 4, 9, 9, 6], [3, 4, 9, 9, 5, 2], [3, 7], [3, 4, 5, 6], [10, 11, 12]]
+SCORED = [
+    [True, True, False, False, True, True],
+    [True, True, False, False, True],
+    [True] * 6,
+    [True, True],
+    [True, False, False, True],
+    [True, False, True],
+]
+
+
+def test_multi_turn_sums_cover_the_models_tokens_only(model) -> None:
+    with torch.no_grad():
+        expected = by_hand(model, MULTI_TURN_PROMPTS, MULTI_TURN, SCORED)
+        rows = sequence_logprobs(model, MULTI_TURN_PROMPTS, MULTI_TURN, T, pad_id=0, scored=SCORED)
+        trees = shared_prefix_logprobs(model, MULTI_TURN_PROMPTS, MULTI_TURN, T, pad_id=0, scored=SCORED)
+        chunked = shared_prefix_logprobs_chunked(
+            model, MULTI_TURN_PROMPTS, MULTI_TURN, T, pad_id=0, token_budget=16, scored=SCORED
+        )
+        unmasked = sequence_logprobs(model, MULTI_TURN_PROMPTS, MULTI_TURN, T, pad_id=0)
+    for got in (rows, trees, torch.tensor(chunked)):
+        torch.testing.assert_close(got.to(expected.dtype), expected, atol=1e-4, rtol=1e-5)
+    # The same tokens scored whole (trajectory 2) and with the environment's two skipped (trajectory 0) differ
+    # by exactly those two tokens' log-probs; single-turn rows are unchanged by the mask.
+    assert (expected[0] > unmasked[0]) and torch.isclose(expected[2], unmasked[2], atol=1e-4)
+    torch.testing.assert_close(expected[3], unmasked[3], atol=1e-4, rtol=1e-5)
+
+
+def test_multi_turn_gradients_through_the_trees_equal_the_padded_rows(model) -> None:
+    weights = torch.tensor([0.3, -1.0, 2.0, 0.5, -0.7, 1.1])
+
+    def grads(fn) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        (fn(model, MULTI_TURN_PROMPTS, MULTI_TURN, T, 0, scored=SCORED) * weights).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    for tree, rows in zip(grads(shared_prefix_logprobs), grads(sequence_logprobs), strict=True):
+        torch.testing.assert_close(tree, rows, atol=1e-5, rtol=1e-4)

@@ -14,6 +14,7 @@ from tba.schemas import (
     SampleRequest,
     ScoredGroup,
     ScoredSample,
+    model_token_flags,
 )
 
 
@@ -148,3 +149,19 @@ def test_manifest_hash_length() -> None:
     with pytest.raises(ValidationError) as exc:
         CheckpointManifest(version=1, step=1, path="step-000001", content_hash="abc")
     assert "content_hash" in error_text(exc)
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [[[2, 1]], [[0, 2], [1, 3]], [[3, 5]], [[1, 2], [0, 1]], [[0, 4]], [[1]], [[1, 2.5]]],
+    ids=["reversed", "overlapping", "beyond the end", "unsorted", "whole completion", "one bound", "fractional"],
+)
+def test_env_spans_that_do_not_describe_the_completion_are_refused(spans) -> None:
+    with pytest.raises(ValidationError, match="env_spans"):
+        ScoredSample.model_validate(sample(completion_ids=[5, 6, 7, 2], env_spans=spans))
+
+
+def test_env_spans_mark_the_environments_tokens() -> None:
+    s = ScoredSample.model_validate(sample(completion_ids=[5, 6, 7, 8, 2], env_spans=[[1, 3], [4, 5]]))
+    assert model_token_flags(5, s.env_spans) == [True, False, False, True, False]
+    assert model_token_flags(5, None) is None and model_token_flags(5, []) is None

@@ -174,3 +174,64 @@ def test_padding_does_not_change_the_loss(tiny_model) -> None:
         tb_loss(LossInput(lp, plan.log_ref, plan.reward, plan.prompt_index), 0.1).loss.item() for lp in (alone, padded)
     ]
     assert loss[1] == pytest.approx(loss[0], rel=1e-4)
+
+
+def test_a_multi_turn_batch_trains_on_the_models_tokens_only(tiny_model) -> None:
+    """A batch of two-turn trajectories (the environment's tokens as env_spans): the learner's gradient is
+    the gradient of the TB loss written out on log-probs that sum the model's tokens only."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.unit.test_logprobs import by_hand
+    from tests.unit.test_losses import direct_tb
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    groups = [
+        ("a", [1, 5, 6], [([7, 2, 40, 41, 9, 2], [[2, 4]]), ([7, 3, 40, 41, 8], [[2, 4]]), ([7, 2], None)]),
+        ("b", [1, 9], [([12, 30, 31, 32, 13], [[1, 4]]), ([12, 30, 31, 32, 14, 2], [[1, 4]])]),
+    ]
+    rewards = {"a": [1.0, 0.0, 1.0], "b": [0.0, 1.0]}
+    batch = SampledBatch(
+        trainer_version=3,
+        groups=[
+            SampledGroup(
+                prompt_id=pid,
+                prompt_ids=prompt,
+                task="arithmetic",
+                branch="recency",
+                samples=[
+                    SampledSample(
+                        completion_ids=c,
+                        env_spans=spans,
+                        reward=r,
+                        logprob_sum=-1.0,
+                        ref_logprob_sum=-2.0 - i,
+                        version=3,
+                        staleness=0,
+                    )
+                    for i, ((c, spans), r) in enumerate(zip(samples, rewards[pid], strict=True))
+                ],
+            )
+            for pid, prompt, samples in groups
+        ],
+    )
+    rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
+    assert not problems and rows[0].scored == (True, True, False, False, True, True) and rows[2].scored is None
+    got = grads_after_accumulate(model, rows, 10_000)
+
+    model.zero_grad(set_to_none=True)
+    scored = [r.scored or (True,) * len(r.completion_ids) for r in rows]
+    log_pi = by_hand(model, [list(r.prompt_ids) for r in rows], [list(r.completion_ids) for r in rows], scored)
+    _, dloss = direct_tb(
+        log_pi.tolist(), [r.log_ref for r in rows], [r.reward for r in rows], [r.prompt_key[1] for r in rows], 0.1
+    )
+    (log_pi * torch.tensor(dloss)).sum().backward()  # the loss's gradient through log pi (log Z held constant)
+    expected = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert expected.norm() > 0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max().item())
+
+
+def test_env_spans_that_do_not_fit_the_completion_drop_the_group() -> None:
+    batch = sampled_batch([("a", [1, 5, 6], [[7, 2, 9]])])
+    batch.groups[0].samples[0].env_spans = [[1, 5]]  # beyond the completion's 3 tokens
+    rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
+    assert not rows and "env_spans" in problems[0]

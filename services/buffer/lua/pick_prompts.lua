@@ -10,12 +10,12 @@
 -- picks first) ...}.
 -- Cut-offs are strings ('-inf' when unbounded); with only_version, both are that version.
 --
--- The recency branch picks its prompts one of two ways. With after_arrival, in arrival order: the prompts
--- whose newest group arrived after that arrival number (global_step.lua numbers them), oldest first,
--- skipping those holding no sample within the staleness bound; the returned arrival_cursor is the number
--- of the last one looked at, for the caller's next request, so that each arrival is served once. Its
--- samples are those within the staleness bound. Without it, uniformly among the prompts holding a sample
--- of the newest recent_versions versions, and its samples are those versions'.
+-- The recency branch takes prompts holding a sample of the newest recent_versions versions (and within
+-- the staleness bound), and draws among those samples; it picks them one of two ways. With after_arrival,
+-- in arrival order: the prompts whose newest group arrived after that arrival number (global_step.lua
+-- numbers them), oldest first, passing over those that fell out of the window; the returned
+-- arrival_cursor is the number of the last one looked at, for the caller's next request, so that each
+-- arrival is served once. Without it, uniformly.
 local prefix = ARGV[1]
 local trainer_version, recent_versions = tonumber(ARGV[2]), tonumber(ARGV[3])
 local num_prompts, recency_slots = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -68,7 +68,6 @@ end
 
 local picks, cursor = {}, ''
 if after_arrival ~= '' and ARGV[5] == '' then
-  recency_low = reward_low
   cursor = tonumber(after_arrival)
   -- A cursor beyond every arrival numbered: the buffer's Redis started afresh; serve from its start.
   if cursor > (tonumber(redis.call('HGET', prefix .. 'stats', 'groups_arrived')) or 0) then cursor = 0 end
@@ -80,7 +79,7 @@ if after_arrival ~= '' and ARGV[5] == '' then
       local prompt = next_arrivals[i]
       cursor = tonumber(next_arrivals[i + 1])
       local newest = redis.call('ZSCORE', index, prompt)
-      if newest and tonumber(newest) >= reward_low then picks[#picks + 1] = prompt end
+      if newest and tonumber(newest) >= recency_low then picks[#picks + 1] = prompt end
     end
   end
   cursor = vstr(cursor)
