@@ -61,10 +61,14 @@ class Arm:
 
 
 def parse_args(
-    argv: list[str] | None, name: str, doc: str | None, minutes: float | list[float] = 10.0
+    argv: list[str] | None,
+    name: str,
+    doc: str | None,
+    minutes: float | list[float] = 10.0,
+    flags: dict[str, str] | None = None,
 ) -> argparse.Namespace:
     """The options every experiment takes: seeds, budget per run (several budgets where ``minutes`` is a list),
-    where runs and results go."""
+    where runs and results go; and the experiment's own on/off ``flags`` (option name -> help)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m experiments.{name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -80,6 +84,8 @@ def parse_args(
         )
     parser.add_argument("--out", type=Path, default=Path("runs/experiments") / name, help="Run directories.")
     parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
+    for flag, text in (flags or {}).items():
+        parser.add_argument(f"--{flag}", action="store_true", help=text)
     return parser.parse_args(argv)
 
 

@@ -8,7 +8,7 @@ with the TB loss for the same wall-clock budget, each at its best:
 
 - ``async-tb``: the system with its defaults: the searcher runs free, the trainer draws from the replay
   buffer by the recency/reward rule within the bounds of bounded asynchrony (staleness and reuse,
-  docs/algorithm.md §6), waiting for the searcher when a bound binds;
+  docs/algorithm.md §5), waiting for the searcher when a bound binds;
 - ``sync-tb``: exactly on-policy: for each version the searcher generates one batch of the trainer's
   P prompts the moment the checkpoint is verified, then waits for the next
   (``TBA_MAX_BATCHES_PER_VERSION=1``); the trainer trains on exactly those samples (``only_version``,
@@ -56,6 +56,9 @@ ARMS = [
         **PLACEMENT,
     ),
 ]
+# The recency branch's order, ablated (--ablation): uniformly among the newest versions' prompts instead of
+# each new group once, in arrival order.
+ABLATION = Arm("async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, eval_every=EVAL_EVERY, **PLACEMENT)
 # Staleness of the samples trained on, in versions: the histogram's buckets (upper bounds; the last is open).
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 64)
 
@@ -210,16 +213,18 @@ def report(runs: dict[str, list[dict]], minutes: float, out: Path, results: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0])
+    flags = {"ablation": f"Also run {ABLATION.name}: the recency branch uniform instead of in arrival order."}
+    args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0], flags=flags)
+    arms = [*ARMS, ABLATION] if args.ablation else ARMS
     for minutes in args.minutes:  # one file per budget, written as soon as its runs are done
         out = args.out / f"{minutes:g}min"
-        runs = run_interleaved(ARMS, args.seeds, minutes, out)
+        runs = run_interleaved(arms, args.seeds, minutes, out)
         lines = [
             f"# Claim (1): decoupling, {minutes:g} minutes per run",
             "",
             "Searcher on CPU 0, trainer on CPU 1 in both arms; same SFT base; held-out greedy accuracy on 200 "
             f"prompts every {EVAL_EVERY:g} s. `python -m experiments.decoupling --seeds {args.seeds} --minutes "
-            f"{minutes:g}`. Spread: mean ± sd (min-max, n) over seeds.",
+            f"{minutes:g}{' --ablation' if args.ablation else ''}`. Spread: mean ± sd (min-max, n) over seeds.",
             "",
             *report(runs, minutes, out, args.results),
         ]

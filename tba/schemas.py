@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -154,6 +155,14 @@ def model_token_flags(length: int, env_spans: list[list[int]] | None) -> list[bo
     for start, stop in env_spans:
         flags[start:stop] = [False] * (stop - start)
     return flags
+
+
+def scored_flags(lengths: Sequence[int], env_spans: Sequence[list[list[int]] | None]) -> list[list[bool]] | None:
+    """Per completion, whether each of its tokens is the model's (what the log-prob sums cover); None when no
+    completion holds an environment span."""
+    if not any(env_spans):
+        return None
+    return [model_token_flags(n, spans) or [True] * n for n, spans in zip(lengths, env_spans, strict=True)]
 
 
 class ScoredSample(_Strict):

@@ -27,7 +27,9 @@ BATCH_FIELDS = ("schema_version", "trainer_version", "groups", "samples_generate
 def sample_id(completion_ids: list[int], env_spans: list[list[int]] | None = None) -> str:
     """Digest of the token sequence (and of which of its tokens the environment wrote, in a multi-turn
     trajectory): exact-duplicate completions share an id (dedup by key)."""
-    return hashlib.blake2b(pack([completion_ids, env_spans] if env_spans else completion_ids), digest_size=8).hexdigest()
+    return hashlib.blake2b(
+        pack([completion_ids, env_spans] if env_spans else completion_ids), digest_size=8
+    ).hexdigest()
 
 
 def encode_record(sample: ScoredSample) -> bytes:

@@ -229,7 +229,11 @@ class BufferStore:
             len(group.samples),
         ]
         for sample in group.samples:
-            args += [sample_id(sample.completion_ids, sample.env_spans), repr(float(sample.reward)), encode_record(sample)]
+            args += [
+                sample_id(sample.completion_ids, sample.env_spans),
+                repr(float(sample.reward)),
+                encode_record(sample),
+            ]
         return args
 
     async def _global_step(self, items: list[_Item], entry: StreamEntry | None, now: float) -> list[int]:

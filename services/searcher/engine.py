@@ -40,12 +40,17 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled completion as the engine returned it (token ids include EOS if emitted)."""
+    """One sampled completion as the engine returned it (token ids include EOS if emitted), or one episode of
+    a multi-turn task (:mod:`tba.model.episodes`): the model's turns and the environment's ``env_spans``, the
+    environment's ``reward`` (None: the task's reward of the text), and why the environment failed."""
 
     token_ids: list[int]
     logprob_sum: float
     finish_reason: FinishReason
     token_logprobs: list[float] | None = None
+    env_spans: list[list[int]] | None = None
+    reward: float | None = None
+    failure: str | None = None
 
 
 def finish_reason(reason: object) -> FinishReason:
@@ -169,28 +174,31 @@ class Engine:
         self.adapter: LoRARequest | None = None  # the LoRARequest every batch asks for; None: the weights alone
         log.info("vLLM engine up in %.1f s with %s (version %d)", time.monotonic() - started, weights_dir, version)
 
-    def sampling_params(self, n: int, temperature: float, max_tokens: int, logprobs: bool = True):
+    def sampling_params(
+        self, n: int, temperature: float, max_tokens: int, logprobs: bool = True, stop: Sequence[str] = ()
+    ):
         """vLLM's parameters for S completions per prompt.
 
         A completion ends at one of the model's EOS tokens (vLLM reads them from the generation config and
         the tokenizer), at a configured stop string, or after ``max_tokens``. Rewards are computed on our own
         tokenizer's decode, so vLLM's detokenizer runs only where stop strings need it, and a completion keeps
-        its stop string: the text the reward reads is the decode of exactly the ids the trainer scores."""
+        its stop string: the text the reward reads is the decode of exactly the ids the trainer scores.
+        ``stop``: more stop strings (a multi-turn task's turn ends)."""
         from vllm import SamplingParams
 
-        stop = list(self.settings.stop)
+        stops = list(self.settings.stop) + list(stop)
         return SamplingParams(
             n=n,
             temperature=temperature,
             max_tokens=max_tokens,
             logprobs=0 if logprobs else None,
-            stop=stop or None,
-            include_stop_str_in_output=bool(stop),
-            detokenize=bool(stop),
+            stop=stops or None,
+            include_stop_str_in_output=bool(stops),
+            detokenize=bool(stops),
         )
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], params) -> list[list[Completion]]:
-        """S completions per prompt, in prompt order."""
+        """S completions per prompt, in prompt order (``params``: one for all, or one per prompt)."""
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]

@@ -26,7 +26,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from services.searcher.cpus import lower_thread_priority, pinned, spare_cpus
-from services.searcher.engine import Engine, EngineStopped, ReloadError
+from services.searcher.engine import Completion, Engine, EngineStopped, ReloadError, finish_reason
 from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
 from services.searcher.pacing import Pacer
 from services.searcher.publisher import Publisher
@@ -35,10 +35,11 @@ from services.searcher.spill import SpillQueue
 from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
 from tba.keys import Keys
+from tba.model.episodes import Turn, run_episodes
 from tba.redis_client import sync_client
 from tba.schemas import SearcherState
 from tba.settings import SearcherSettings
-from tba.tasks import Prompt
+from tba.tasks import MultiTurnTask, Prompt
 
 log = logging.getLogger(__name__)
 SIGNAL_GRACE_SECONDS = 2.0
@@ -138,6 +139,12 @@ class Searcher:
         self.state = SearcherState.STARTING
         self.batches = self.groups_generated = self.samples_generated = self.tokens_generated = 0
         self.reloads = self.skipped_prompts = 0
+        # A multi-turn task's episodes: the trajectory's token budget, and the episodes that ended early, by
+        # what failed (the environment's start or step, or a generation), which are not trained on.
+        task = scorer.task
+        self.multi_turn = task if isinstance(task, MultiTurnTask) else None
+        self.completion_tokens = task.max_episode_tokens if self.multi_turn else settings.max_new_tokens
+        self.episode_failures: dict[str, int] = {}
         self.reload_ms_last: float | None = None
         # Where a batch's time goes (sums over the run, seconds): the engine's generate call, the worker's
         # scoring and publishing, and the reloads' pauses. Their means state a synchronous cycle's parts.
@@ -240,7 +247,7 @@ class Searcher:
     def _generate(self) -> GeneratedBatch | None:
         prompts: list[Prompt] = []
         ids: list[list[int]] = []
-        limit = self.settings.max_model_len - self.settings.max_new_tokens
+        limit = self.settings.max_model_len - self.completion_tokens
         candidates = distinct_prompts(self.prompts, self.settings.prompts_per_batch)
         while len(prompts) < self.settings.prompts_per_batch:
             prompt = next(candidates)
@@ -251,7 +258,7 @@ class Searcher:
                     "skipping prompt %r: %d tokens + %d new exceed TBA_MAX_MODEL_LEN=%d",
                     prompt.prompt_id,
                     len(prompt_ids),
-                    self.settings.max_new_tokens,
+                    self.completion_tokens,
                     self.settings.max_model_len,
                 )
                 continue
@@ -261,7 +268,7 @@ class Searcher:
         self.stop.generating = True
         started = time.monotonic()
         try:
-            completions = self.engine.generate(ids, self.params)
+            completions = self._complete(prompts, ids)
             self.generate_seconds += time.monotonic() - started
         except AbandonBatch:
             log.warning("abandoned a batch of %d prompts on the second stop signal", len(prompts))
@@ -275,6 +282,49 @@ class Searcher:
         finally:
             self.stop.generating = False
         return GeneratedBatch(prompts, ids, completions, version, ref_is_policy=self._serving_reference())
+
+    def _complete(self, prompts: list[Prompt], ids: list[list[int]]) -> list[list[Completion]]:
+        """The batch's completions: one generate call, or a multi-turn task's episodes (a call per turn)."""
+        if self.multi_turn is None:
+            return self.engine.generate(ids, self.params)
+        s = self.settings
+        groups = run_episodes(
+            self._turns,
+            self.multi_turn,
+            self.scorer.tokenizer,
+            prompts,
+            ids,
+            s.completions_per_prompt,
+            s.max_new_tokens,
+            self.completion_tokens,
+        )
+        out = []
+        for group in groups:
+            for t in group:
+                if t.failure_kind is not None:
+                    self.episode_failures[t.failure_kind] = self.episode_failures.get(t.failure_kind, 0) + 1
+            out.append(
+                [
+                    Completion(
+                        t.token_ids,
+                        t.logprob_sum,
+                        finish_reason(t.finish_reason),
+                        env_spans=t.env_spans or None,
+                        reward=t.reward,
+                        failure=t.failure,
+                    )
+                    for t in group
+                ]
+            )
+        return out
+
+    def _turns(self, contexts: list[list[int]], n: int, budgets: list[int]) -> list[list[Turn]]:
+        """One turn of each live episode, by the engine (:data:`tba.model.episodes.GenerateTurns`)."""
+        assert self.multi_turn is not None
+        stop = self.multi_turn.turn_stop
+        params = [self.engine.sampling_params(n, self.settings.temperature, b, stop=stop) for b in budgets]
+        groups = self.engine.generate(contexts, params)
+        return [[(c.token_ids, c.logprob_sum, c.finish_reason) for c in group] for group in groups]
 
     def _serving_reference(self) -> bool:
         """True while the engine's weights are the reference model's own (the base, before any reload)."""
@@ -365,6 +415,7 @@ class Searcher:
             "spill_bytes": self.spill.nbytes,
             "spilled_total": pub.groups_spilled_total,
             "dropped_samples": self.scorer.dropped,
+            "episode_failures": dict(self.episode_failures),
             "ref_pairs_total": self.scorer.ref_pairs_total,
             "ref_pairs_scored": self.scorer.ref_pairs_scored,
             "skipped_prompts": self.skipped_prompts,

@@ -27,7 +27,7 @@ from services.searcher.engine import Completion
 from services.searcher.reference import Reference
 from tba.checkpoints import model_identity
 from tba.model.tokenizer import PromptFormat, load_tokenizer
-from tba.schemas import MAX_ABS_LOGPROB, MAX_ABS_REWARD, ScoredGroup, ScoredSample
+from tba.schemas import MAX_ABS_LOGPROB, MAX_ABS_REWARD, ScoredGroup, ScoredSample, scored_flags
 from tba.settings import SearcherSettings
 from tba.tasks import Prompt, Task
 
@@ -68,21 +68,30 @@ class Scorer:
         self.dropped = 0
         self.ref_pairs_total = self.ref_pairs_scored = 0  # pairs asked for, distinct pairs the reference scored
 
-    def ref_logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[float]:
-        """log pi_ref(y_i|x_i) under logits/T for each pair.
+    def ref_logprobs(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        env_spans: Sequence[list[list[int]] | None] | None = None,
+    ) -> list[float]:
+        """log pi_ref(y_i|x_i) under logits/T for each pair, over the model's tokens only (``env_spans``:
+        a multi-turn trajectory's environment tokens, per pair).
 
         Each distinct (prompt, completion) pair is scored once: a policy that has learned a prompt
         samples the same completion many times over (most of a batch, late in a run)."""
-        index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        spans = env_spans if env_spans is not None else [None] * len(prompt_ids)
+        index: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]], int] = {}
         slots = [
-            index.setdefault((tuple(p), tuple(c)), len(index)) for p, c in zip(prompt_ids, completion_ids, strict=True)
+            index.setdefault((tuple(p), tuple(c), tuple(map(tuple, e or []))), len(index))
+            for p, c, e in zip(prompt_ids, completion_ids, spans, strict=True)
         ]
         self.ref_pairs_total += len(slots)
         self.ref_pairs_scored += len(index)
         if not index:
             return []
         unique = list(index)
-        values = self.reference.logprobs([p for p, _ in unique], [c for _, c in unique])
+        scored = scored_flags([len(c) for _, c, _ in unique], [[list(e) for e in es] for _, _, es in unique])
+        values = self.reference.logprobs([p for p, _, _ in unique], [c for _, c, _ in unique], scored)
         return [values[i] for i in slots]
 
     def score(self, batch: GeneratedBatch) -> list[ScoredGroup]:
@@ -92,7 +101,9 @@ class Scorer:
             # pi_theta is pi_ref here: vLLM's tempered log-probs over the same ids ARE log pi_ref(y|x).
             ref = [c.logprob_sum for _, c in flat]
         else:
-            ref = self.ref_logprobs([batch.prompt_ids[p] for p, _ in flat], [c.token_ids for _, c in flat])
+            ref = self.ref_logprobs(
+                [batch.prompt_ids[p] for p, _ in flat], [c.token_ids for _, c in flat], [c.env_spans for _, c in flat]
+            )
         texts = self.tokenizer.batch_decode([c.token_ids for _, c in flat], skip_special_tokens=True)
         per_prompt: list[list[tuple[Completion, float, str]]] = [[] for _ in batch.prompts]
         for (p, c), r, text in zip(flat, ref, texts, strict=True):
@@ -102,6 +113,8 @@ class Scorer:
             if not items:
                 continue
             rewards = self.task.rewards(prompt, [text for _, _, text in items])
+            # A multi-turn environment's own reward, where it gave one, over the task's reward of the text.
+            rewards = [r if c.reward is None else c.reward for (c, _, _), r in zip(items, rewards, strict=True)]
             samples = [
                 ScoredSample(
                     completion_ids=c.token_ids,
@@ -111,6 +124,7 @@ class Scorer:
                     ref_logprob_sum=r,
                     finish_reason=c.finish_reason,
                     token_logprobs=c.token_logprobs,
+                    env_spans=c.env_spans,
                 )
                 for (c, r, text), reward in zip(items, rewards, strict=True)
                 if self._in_bounds(reward=(reward, MAX_ABS_REWARD), ref_logprob_sum=(r, MAX_ABS_LOGPROB))

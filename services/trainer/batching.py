@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tba.model.batches import token_budget_chunks
-from tba.schemas import SampledBatch, check_env_spans, model_token_flags
+from tba.schemas import SampledBatch, check_env_spans
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Row:
     log_ref: float
     version: int
     staleness: int
-    scored: tuple[bool, ...] | None = None  # multi-turn: which completion tokens are the model's (None: all)
+    env_spans: list[list[int]] | None = None  # multi-turn: the environment's tokens of the completion
 
     @property
     def length(self) -> int:
@@ -53,7 +53,7 @@ class MicroBatch:
     prompt_index: torch.Tensor  # (n,) long, local to this micro-batch
     tokens: int  # real (unpadded) tokens
     padded_tokens: int
-    scored: list[tuple[bool, ...]] | None = None  # per completion, its model tokens (None: single-turn rows only)
+    scored: list[list[bool]] | None = None  # per completion, which tokens are the model's (None: all of them)
 
     @property
     def size(self) -> int:
@@ -75,7 +75,6 @@ def rows_from_batch(batch: SampledBatch, vocab_size: int, max_length: int) -> tu
             problems.append(f"group {gi} (prompt {group.prompt_id!r}): {reason}")
             continue
         for s in group.samples:
-            flags = model_token_flags(len(s.completion_ids), s.env_spans)
             rows.append(
                 Row(
                     key,
@@ -85,7 +84,7 @@ def rows_from_batch(batch: SampledBatch, vocab_size: int, max_length: int) -> tu
                     s.ref_logprob_sum,
                     s.version,
                     s.staleness,
-                    None if flags is None else tuple(flags),
+                    s.env_spans,
                 )
             )
     return rows, problems
@@ -146,7 +145,9 @@ def _collate(units: list[list[Row]]) -> MicroBatch:
         prompt_index=torch.tensor(index, dtype=torch.long),
         tokens=sum(r.length for r in rows),
         padded_tokens=len(rows) * max(r.length for r in rows),
-        scored=None if all(r.scored is None for r in rows) else [r.scored or (True,) * len(r.completion_ids) for r in rows],
+        scored=None
+        if all(r.scored is None for r in rows)
+        else [r.scored or (True,) * len(r.completion_ids) for r in rows],
     )
 
 

@@ -104,30 +104,101 @@ def prompt_format_for(task: Any, system_prompt: str | None = None) -> Any:
     return PromptFormat(chat=task.chat, system_prompt=system_prompt)
 
 
+def attempts(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    prompts: Sequence[Any],
+    *,
+    samples: int = 1,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    prompt_format: Any = None,
+) -> tuple[list[str], list[float]]:
+    """``samples`` attempts at each prompt (prompt-major): their texts and rewards. An attempt at a single-turn
+    task is a completion; at a multi-turn task (:class:`~tba.tasks.MultiTurnTask`) an episode, its turns
+    decoded the same way (:mod:`tba.model.episodes`), its text the whole trajectory's."""
+    from tba.tasks import MultiTurnTask
+
+    fmt = prompt_format or prompt_format_for(task)
+    if not isinstance(task, MultiTurnTask):
+        texts = complete(
+            model,
+            tokenizer,
+            [p.text for p in prompts for _ in range(samples)],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            prompt_format=fmt,
+        )
+        rewards = [r for i, p in enumerate(prompts) for r in task.rewards(p, texts[i * samples : (i + 1) * samples])]
+        return texts, rewards
+    from tba.model.episodes import run_episodes
+
+    turns = _turns(model, tokenizer, task.turn_stop, temperature, seed)
+    ids = [fmt.encode(tokenizer, p.text) for p in prompts]
+    groups = run_episodes(turns, task, tokenizer, prompts, ids, samples, max_new_tokens, task.max_episode_tokens)
+    texts, rewards = [], []
+    for prompt, group in zip(prompts, groups, strict=True):
+        for t in group:
+            text = tokenizer.decode(t.token_ids, skip_special_tokens=True)
+            texts.append(text)
+            if t.failure is not None:
+                rewards.append(0.0)
+            else:
+                rewards.append(t.reward if t.reward is not None else task.reward(prompt, text))
+    return texts, rewards
+
+
+def _turns(model: Any, tokenizer: Any, stops: Sequence[str], temperature: float, seed: int | None) -> Any:
+    """Episode turns (:data:`tba.model.episodes.GenerateTurns`) decoded by :func:`tba.model.generate.generate`:
+    each ends at EOS, at the first of ``stops`` or at its budget. Decoding is causal, so cutting a longer
+    decode there gives the tokens a decode stopped there would (no behaviour log-probs: NaN)."""
+    from tba.model.generate import eos_ids, generate
+
+    eos = set(eos_ids(model, tokenizer))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+
+    def cut(ids: list[int], budget: int) -> tuple[list[int], float, str]:
+        for k, token in enumerate(ids[:budget]):
+            if token in eos or (stops and any(s in tokenizer.decode(ids[: k + 1]) for s in stops)):
+                return ids[: k + 1], math.nan, "stop"
+        return ids[:budget], math.nan, "length"
+
+    def turns(contexts: list[list[int]], n: int, budgets: list[int]) -> list[list[tuple[list[int], float, str]]]:
+        flat = [c for c in contexts for _ in range(n)]
+        out = generate(
+            model, flat, max_new_tokens=max(budgets), eos_id=eos, pad_id=pad, temperature=temperature, seed=seed
+        )
+        return [[cut(out[i * n + j], b) for j in range(n)] for i, b in enumerate(budgets)]
+
+    return turns
+
+
 def greedy_accuracy(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], max_new_tokens: int = 16) -> float:
     """pass@1 with greedy decoding: the figure SFT stops on and the end-to-end run reports."""
     if not prompts:
         raise ValueError("no evaluation prompts")
-    texts = complete(
-        model,
-        tokenizer,
-        [p.text for p in prompts],
-        max_new_tokens=max_new_tokens,
-        prompt_format=prompt_format_for(task),
-    )
-    return sum(task.success(task.reward(p, t)) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
+    _, rewards = attempts(model, tokenizer, task, prompts, max_new_tokens=max_new_tokens)
+    return sum(task.success(r) for r in rewards) / len(prompts)
 
 
 def score_samples(
-    task: Any, prompts: Sequence[Any], completions: Sequence[Sequence[str]], ks: Sequence[int]
+    task: Any,
+    prompts: Sequence[Any],
+    completions: Sequence[Sequence[str]],
+    ks: Sequence[int],
+    rewards: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, Any]:
-    """pass@k, mean reward and distinct correct answers from n sampled completions per prompt."""
+    """pass@k, mean reward and distinct correct answers from n sampled completions per prompt (their
+    ``rewards``, or the task's rewards of their texts)."""
     pass_k = {k: 0.0 for k in ks}
     reward_sum, n_total, distinct = 0.0, 0, []
-    for prompt, group in zip(prompts, completions, strict=True):
-        rewards = task.rewards(prompt, list(group))
-        reward_sum, n_total = reward_sum + sum(rewards), n_total + len(group)
-        correct = [t for t, r in zip(group, rewards, strict=True) if task.success(r)]
+    for i, (prompt, group) in enumerate(zip(prompts, completions, strict=True)):
+        group_rewards = task.rewards(prompt, list(group)) if rewards is None else list(rewards[i])
+        reward_sum, n_total = reward_sum + sum(group_rewards), n_total + len(group)
+        correct = [t for t, r in zip(group, group_rewards, strict=True) if task.success(r)]
         for k in ks:
             pass_k[k] += pass_at_k(len(group), len(correct), k)
         if task.multi_answer:
@@ -152,17 +223,19 @@ def _sampled_metrics(
     seed: int,
     prompt_format: Any,
 ) -> dict[str, Any]:
-    texts = complete(
+    texts, rewards = attempts(
         model,
         tokenizer,
-        [p.text for p in prompts for _ in range(samples)],
+        task,
+        prompts,
+        samples=samples,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         seed=seed,
         prompt_format=prompt_format,
     )
-    groups = [texts[i * samples : (i + 1) * samples] for i in range(len(prompts))]
-    return score_samples(task, prompts, groups, ks)
+    per_prompt = [slice(i * samples, (i + 1) * samples) for i in range(len(prompts))]
+    return score_samples(task, prompts, [texts[s] for s in per_prompt], ks, [rewards[s] for s in per_prompt])
 
 
 def evaluate_model(
@@ -187,8 +260,7 @@ def evaluate_model(
         raise ValueError(f"task {task.name!r} has no held-out prompts")
     fmt = prompt_format_for(task, system_prompt)
     start = time.monotonic()
-    greedy = complete(model, tokenizer, [p.text for p in prompts], max_new_tokens=max_new_tokens, prompt_format=fmt)
-    greedy_rewards = [task.rewards(p, [t])[0] for p, t in zip(prompts, greedy, strict=True)]
+    greedy, greedy_rewards = attempts(model, tokenizer, task, prompts, max_new_tokens=max_new_tokens, prompt_format=fmt)
     out: dict[str, Any] = {
         "task": task.name,
         "n_prompts": len(prompts),

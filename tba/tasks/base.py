@@ -65,6 +65,44 @@ class Task(ABC):
         return [self.reward(prompt, c) for c in completions]
 
 
+@dataclass(frozen=True)
+class Step:
+    """The environment's answer to one model turn of an episode."""
+
+    observation: str = ""  # text appended to the context before the model's next turn (a tool's result)
+    done: bool = False
+    reward: float | None = None  # the episode's reward once done; None: the task's reward() of the whole text
+
+
+class MultiTurnTask(Task):
+    """A task whose episodes alternate the model's turns with the environment's steps (tool calls, games).
+
+    The searcher (and the held-out evaluation) run the episode (:mod:`tba.model.episodes`): the model
+    generates a turn, which ends at EOS, at one of :attr:`turn_stop` or at the token budget; :meth:`step`
+    answers it; its observation is tokenized into the context and the model goes on, until the environment
+    says ``done``, :attr:`max_turns` model turns were taken or the episode's token budget is spent. The
+    trajectory is trained on as one completion whose environment tokens are context, never scored (so
+    :attr:`max_episode_tokens` with the prompt must fit the model's context). An
+    exception from :meth:`start` or :meth:`step` ends that episode (dropped, counted with its reason), never
+    the searcher. ``reward(prompt, text)`` reads the whole trajectory's text (the model's turns and the
+    observations) when the environment gives no reward of its own."""
+
+    max_turns: int = 4
+    max_episode_tokens: int = 256  # the trajectory's tokens, the model's and the observations together
+    turn_stop: tuple[str, ...] = ()  # strings that end a model turn besides EOS (a tool call's closing mark)
+
+    def start(self, prompt: Prompt) -> Any:
+        """A new episode's state for ``prompt`` (a game, a sandbox, a session); None by default."""
+        return None
+
+    @abstractmethod
+    def step(self, prompt: Prompt, state: Any, turn: str) -> Step:
+        """The environment's answer to the model's ``turn`` (its text, without EOS)."""
+
+    def finish(self, state: Any) -> None:
+        """Release an episode's state (always called once the episode ends, however it ends)."""
+
+
 def is_held_out(key: str, fraction: float) -> bool:
     """Stable hash split: the same prompt is always on the same side, in every process."""
     h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")

@@ -215,11 +215,14 @@ def test_a_multi_turn_batch_trains_on_the_models_tokens_only(tiny_model) -> None
         ],
     )
     rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
-    assert not problems and rows[0].scored == (True, True, False, False, True, True) and rows[2].scored is None
+    assert not problems and rows[0].env_spans == [[2, 4]] and rows[2].env_spans is None
     got = grads_after_accumulate(model, rows, 10_000)
 
     model.zero_grad(set_to_none=True)
-    scored = [r.scored or (True,) * len(r.completion_ids) for r in rows]
+    scored = [[True] * len(r.completion_ids) for r in rows]
+    for r, flags in zip(rows, scored, strict=True):
+        for start, end in r.env_spans or []:
+            flags[start:end] = [False] * (end - start)
     log_pi = by_hand(model, [list(r.prompt_ids) for r in rows], [list(r.completion_ids) for r in rows], scored)
     _, dloss = direct_tb(
         log_pi.tolist(), [r.log_ref for r in rows], [r.reward for r in rows], [r.prompt_key[1] for r in rows], 0.1
