@@ -58,7 +58,9 @@ ARMS = [
 ]
 # The recency branch's order, ablated (--ablation): uniformly among the newest versions' prompts instead of
 # each new group once, in arrival order.
-ABLATION = Arm("async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, eval_every=EVAL_EVERY, **PLACEMENT)
+ABLATION = Arm(
+    "async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, eval_every=EVAL_EVERY, **PLACEMENT
+)
 # Staleness of the samples trained on, in versions: the histogram's buckets (upper bounds; the last is open).
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 64)
 

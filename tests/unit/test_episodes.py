@@ -110,7 +110,8 @@ def test_an_environment_that_fails_ends_its_episode_with_the_reason(fail: str) -
 
 
 def test_turn_and_token_budgets_end_an_episode_as_length() -> None:
-    (t,) = episodes(Flaky(forever=True), {"12*34+5=": ["[a]"], "12*34+5=[a]ok;": ["[b]"], "12*34+5=[a]ok;[b]ok;": ["[c]"]})
+    script = {"12*34+5=": ["[a]"], "12*34+5=[a]ok;": ["[b]"], "12*34+5=[a]ok;[b]ok;": ["[c]"]}
+    (t,) = episodes(Flaky(forever=True), script)
     assert (t.turns, t.finish_reason, t.reward) == (3, "length", None)  # max_turns, no end from the environment
     assert t.env_spans == [[3, 6], [9, 12]]  # the last turn's answer is not appended: nothing follows it
     (cut,) = episodes(Flaky(forever=True), {"12*34+5=": ["[a]"], "12*34+5=[a]ok;": ["[b]"]}, max_episode_tokens=8)
@@ -119,7 +120,7 @@ def test_turn_and_token_budgets_end_an_episode_as_length() -> None:
 
 def test_a_generation_that_fails_ends_the_episode() -> None:
     prompt = Prompt("12*34+5=", "12*34+5=", "413")
-    (t,), = run_episodes(
+    ((t,),) = run_episodes(
         scripted({"12*34+5=": ["[a]"]}, finish="abort"), Flaky(), TOK, [prompt], [TOK.encode(prompt.text)], 1, 12, 48
     )
     assert t.finish_reason == "abort" and t.failure_kind == "generation"
