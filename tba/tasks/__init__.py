@@ -5,6 +5,7 @@ from tba.tasks import (  # noqa: F401  (register the tasks)
     calculator,
     countdown,
     gsm8k,
+    reasoning_gym,
     redteam,
     reward_model,
     sums,

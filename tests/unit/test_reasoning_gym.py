@@ -1,0 +1,54 @@
+"""reasoning-gym's generators as tasks (tba/tasks/reasoning_gym.py), on the real package."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tba.tasks import Prompt, make_task
+
+CHAIN = {"dataset": "chain_sum", "config": {"max_terms": 3, "max_digits": 2}}
+
+
+def test_held_out_questions_never_reach_training_and_the_scorer_grades_answers() -> None:
+    task = make_task("reasoning-gym", CHAIN)
+    held = task.eval_prompts(50)
+    assert len(held) == 50 and len({p.prompt_id for p in held}) == 50
+    assert task.eval_prompts(50) == held  # a fixed seed: the same set every time, in every process
+    stream = task.train_prompts(seed=0)
+    train = [next(stream) for _ in range(3000)]
+    assert not {p.prompt_id for p in held} & {p.prompt_id for p in train}
+    assert next(make_task("reasoning-gym", CHAIN).train_prompts(seed=0)) == train[0]  # seeded
+    p = held[0]
+    assert p.text.startswith("State the final answer") and p.text.endswith("Answer: ")
+    assert task.reward(p, f" {p.answer}") == 1.0 and task.success(1.0)
+    assert task.reward(p, str(int(p.answer) + 1)) == 0.0 and task.reward(p, "") == 0.0
+    assert task.sft_target(p) == p.answer
+
+
+def test_chat_form_asks_for_answer_tags_and_reads_them() -> None:
+    task = make_task("reasoning-gym", {"dataset": "gcd"}, chat=True)
+    p = task.eval_prompts(3)[0]
+    assert p.text.endswith("inside <answer></answer> tags.")
+    assert task.reward(p, f"Both are odd... <answer>{p.answer}</answer>") == 1.0
+    assert task.reward(p, p.answer) == 0.0  # no tags: no answer read
+    assert task.sft_target(p) == f"<answer>{p.answer}</answer>"
+
+
+def test_bad_names_and_options_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="no dataset 'chain_summ'"):
+        make_task("reasoning-gym", {"dataset": "chain_summ"})
+    with pytest.raises(ValueError, match="refused config .*bogus"):
+        make_task("reasoning-gym", {"dataset": "chain_sum", "config": {"bogus": 1}})
+    with pytest.raises(ValueError, match="bad options for task 'reasoning-gym'"):
+        make_task("reasoning-gym", {"datset": "chain_sum"})
+    task = make_task("reasoning-gym", CHAIN)
+    with pytest.raises(KeyError, match="not drawn by this task"):
+        task.reward(Prompt("chain_sum/unknown", "1 + 1 =", "2"), "2")
+
+
+def test_without_the_package_the_error_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym raises ImportError
+    with pytest.raises(ValueError, match="pip install reasoning-gym==0.1.25"):
+        make_task("reasoning-gym", CHAIN)
