@@ -32,6 +32,7 @@ from services.searcher.pacing import Pacer
 from services.searcher.publisher import Publisher
 from services.searcher.scorer import GeneratedBatch, Scorer
 from services.searcher.spill import SpillQueue
+from services.searcher.startup import completion_budget
 from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
 from tba.keys import Keys
@@ -143,8 +144,9 @@ class Searcher:
         # what failed (the environment's start or step, or a generation), which are not trained on.
         task = scorer.task
         self.multi_turn = task if isinstance(task, MultiTurnTask) else None
-        self.completion_tokens = task.max_episode_tokens if self.multi_turn else settings.max_new_tokens
+        self.completion_tokens = completion_budget(settings, task)
         self.episode_failures: dict[str, int] = {}
+        self.episodes = self.episode_turns = self.env_tokens = 0  # episodes run, model turns, observation tokens
         self.reload_ms_last: float | None = None
         # Where a batch's time goes (sums over the run, seconds): the engine's generate call, the worker's
         # scoring and publishing, and the reloads' pauses. Their means state a synchronous cycle's parts.
@@ -301,6 +303,9 @@ class Searcher:
         out = []
         for group in groups:
             for t in group:
+                self.episodes += 1
+                self.episode_turns += t.turns
+                self.env_tokens += sum(end - start for start, end in t.env_spans)
                 if t.failure_kind is not None:
                     self.episode_failures[t.failure_kind] = self.episode_failures.get(t.failure_kind, 0) + 1
             out.append(
@@ -415,6 +420,9 @@ class Searcher:
             "spill_bytes": self.spill.nbytes,
             "spilled_total": pub.groups_spilled_total,
             "dropped_samples": self.scorer.dropped,
+            "episodes": self.episodes,
+            "episode_turns": self.episode_turns,
+            "env_tokens": self.env_tokens,
             "episode_failures": dict(self.episode_failures),
             "ref_pairs_total": self.scorer.ref_pairs_total,
             "ref_pairs_scored": self.scorer.ref_pairs_scored,

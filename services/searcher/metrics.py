@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from tba.model.episodes import FAILURE_KINDS
+
 PREFIX = "tba_searcher_"
 
 # status field -> (metric kind, help). Counters get the ``_total`` suffix from prometheus_client.
@@ -36,6 +38,9 @@ EXPORTED: dict[str, tuple[str, str]] = {
     "spill_bytes": ("gauge", "Bytes in the on-disk spill queue."),
     "spilled_total": ("counter", "Groups ever written to the spill queue."),
     "dropped_samples": ("counter", "Completions dropped as unusable (empty, aborted, non-finite)."),
+    "episodes": ("counter", "Multi-turn episodes run."),
+    "episode_turns": ("counter", "Model turns taken in multi-turn episodes."),
+    "env_tokens": ("counter", "Tokens the environment wrote into multi-turn trajectories (context, not trained on)."),
     "redis_up": ("gauge", "1 if the last Redis write succeeded."),
     "ready": ("gauge", "1 once the engine is loaded and generating."),
 }
@@ -78,6 +83,14 @@ class StatusCollector:
             value = float(status.get(field) or 0)
             family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             yield family(PREFIX + field, help_text, value=value)
+        failures = CounterMetricFamily(
+            PREFIX + "episode_failures",
+            "Multi-turn episodes ended early, not trained on, by what failed.",
+            labels=["kind"],
+        )
+        for kind in FAILURE_KINDS:  # every series from the start, so a rate() sees the first failure
+            failures.add_metric([kind], float((status.get("episode_failures") or {}).get(kind, 0)))
+        yield failures
 
 
 def reload_histogram(registry: CollectorRegistry) -> Histogram:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from tba.settings import SearcherSettings
-from tba.tasks import Task, make_task, task_class
+from tba.tasks import MultiTurnTask, Task, make_task, task_class
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 
@@ -90,12 +90,19 @@ def check_chat(settings: SearcherSettings, tokenizer) -> bool:
 PROMPTS_CHECKED = 64  # the first prompts of the task's stream whose length check_prompt_lengths reads
 
 
+def completion_budget(settings: SearcherSettings, task: Task) -> int:
+    """The tokens a completion may take after its prompt: a turn's (``max_new_tokens``), or a multi-turn
+    task's whole episode (its turns and the environment's answers)."""
+    return task.max_episode_tokens if isinstance(task, MultiTurnTask) else settings.max_new_tokens
+
+
 def check_prompt_lengths(settings: SearcherSettings, task: Task, tokenizer) -> None:
     """Refuse a task none of whose prompts fits: a searcher would skip every prompt and loop forever while
     ready. Some prompts too long is fine (each is skipped, counted and logged)."""
     from tba.model.tokenizer import PromptFormat
 
-    limit = settings.max_model_len - settings.max_new_tokens
+    budget = completion_budget(settings, task)
+    limit = settings.max_model_len - budget
     form = PromptFormat(chat=task.chat, system_prompt=settings.system_prompt)
     prompts = itertools.islice(task.train_prompts(0), PROMPTS_CHECKED)
     lengths = [len(form.encode(tokenizer, p.text)) for p in prompts]
@@ -103,7 +110,7 @@ def check_prompt_lengths(settings: SearcherSettings, task: Task, tokenizer) -> N
         raise StartupError(
             f"TBA_MAX_MODEL_LEN / --max-model-len: none of the first {len(lengths)} prompts of task "
             f"{settings.task!r} fits: the shortest is {min(lengths)} tokens, and max_model_len "
-            f"{settings.max_model_len} - max_new_tokens {settings.max_new_tokens} leaves {limit}"
+            f"{settings.max_model_len} - the completion's {budget} tokens leaves {limit}"
         )
 
 

@@ -25,6 +25,8 @@ from tba.tasks import MultiTurnTask, Prompt
 
 log = logging.getLogger(__name__)
 
+# What can end an episode early: the environment's start or step raising, or a generation that failed.
+FAILURE_KINDS = ("start", "step", "generation")
 # One generated turn: its token ids (EOS or the stop string included when emitted), the sum of their
 # behaviour log-probs (NaN where the generator does not report them), and why it ended: "stop" (EOS or a
 # turn-ending string), "length" (its token budget) or anything else (the generator failed).
@@ -44,7 +46,7 @@ class Trajectory:
     reward: float | None = None  # the environment's; None: the task's reward() of the whole text
     turns: int = 0
     failure: str | None = None  # why the environment or a turn failed (the episode is not trained on)
-    failure_kind: str | None = None  # "start", "step" or "generation": what failed, for counting
+    failure_kind: str | None = None  # one of FAILURE_KINDS: what failed, for counting
     done: bool = False
 
 

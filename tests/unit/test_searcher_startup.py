@@ -116,7 +116,7 @@ def test_a_task_none_of_whose_prompts_fits_is_refused(capsys, model_files: Path)
         "16",
     )
     assert code == 2 and "TBA_MAX_MODEL_LEN" in err and "none of the first 64 prompts" in err, err
-    assert "max_model_len 30 - max_new_tokens 16 leaves 14" in err
+    assert "max_model_len 30 - the completion's 16 tokens leaves 14" in err
 
 
 def test_prompts_that_fit_pass_the_length_check(model_files: Path) -> None:
