@@ -146,3 +146,28 @@ def test_the_readme_task_example_runs(tmp_path: Path, monkeypatch) -> None:
     assert len(held_out) == 4 and all(task.reward(p, p.answer) == 1.0 for p in held_out)
     train = {p.prompt_id for p, _ in zip(task.train_prompts(0), range(100), strict=False)}
     assert not train & {p.prompt_id for p in held_out}
+
+
+def test_the_multi_turn_example_plays_episodes(tmp_path: Path, monkeypatch, tiny_model: Path) -> None:
+    """docs/environments.md: the multi-turn task of your own, copied as a user copies it, plays episodes in
+    the held-out evaluation with a real model (the tiny one, untrained: its guesses are noise), and its
+    environment answers as the page says."""
+    from tba.model.evaluation import attempts, load_model
+    from tba.tasks import Step, make_task
+
+    page = (ROOT / "docs" / "environments.md").read_text()
+    match = re.search(r"```python\n# (\w+)\.py\n(.*?)```", page, re.S)
+    assert match, "docs/environments.md: the multi-turn example is gone"
+    module, code = match.groups()
+    (tmp_path / f"{module}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    (name,) = re.findall(r"TBA_TASK=(\w+:\w+)", page)
+    task = make_task(name)
+    prompt = task.eval_prompts(10)[7]
+    state = task.start(prompt)
+    assert task.step(prompt, state, "3") == Step(observation=" higher;")
+    assert task.step(prompt, state, "7") == Step(done=True, reward=0.5)
+    model, tokenizer = load_model(tiny_model)
+    texts, rewards = attempts(model, tokenizer, task, task.eval_prompts(3), samples=2, temperature=1.0, seed=0)
+    assert len(texts) == len(rewards) == 6 and all(0.0 <= r <= 1.0 for r in rewards)
