@@ -112,9 +112,11 @@ class Scorer:
         for prompt, ids, items in zip(batch.prompts, batch.prompt_ids, per_prompt, strict=True):
             if not items:
                 continue
-            rewards = self.task.rewards(prompt, [text for _, _, text in items])
-            # A multi-turn environment's own reward, where it gave one, over the task's reward of the text.
-            rewards = [r if c.reward is None else c.reward for (c, _, _), r in zip(items, rewards, strict=True)]
+            # A multi-turn environment's own reward where it gave one, else the task's reward of the text.
+            unscored = [i for i, (c, _, _) in enumerate(items) if c.reward is None]
+            by_task = self.task.rewards(prompt, [items[i][2] for i in unscored]) if unscored else []
+            task_reward = dict(zip(unscored, by_task, strict=True))
+            rewards = [task_reward[i] if c.reward is None else c.reward for i, (c, _, _) in enumerate(items)]
             samples = [
                 ScoredSample(
                     completion_ids=c.token_ids,
