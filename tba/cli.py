@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "buffer": "services.buffer.cli",
     "searcher": "services.searcher.cli",
     "trainer": "services.trainer.cli",
+    "envserver": "services.envserver.cli",
     "up": "tba.local.up",
     "model": "tba.model.cli",
     "eval": "tba.local.evaluate",

@@ -5,6 +5,7 @@ from tba.tasks import (  # noqa: F401  (register the tasks)
     calculator,
     countdown,
     gsm8k,
+    openenv,
     reasoning_gym,
     redteam,
     reward_model,
