@@ -4,8 +4,10 @@ One runner for every generator: the searcher's vLLM engine and the held-out eval
 each hand it a :data:`GenerateTurns` function, so an episode is the same thing where it is generated and
 where it is evaluated. Every turn of every live episode is generated in one call (the first turn draws
 the group's ``n`` samples of each prompt at once); then each episode's environment answers its turn
-(:meth:`tba.tasks.MultiTurnTask.step`). An observation is tokenized and appended to the context, and its
-range is recorded as an environment span: the trainer and the reference pass sum the model's tokens only.
+(:meth:`tba.tasks.MultiTurnTask.step`), up to the task's ``concurrent_steps`` episodes at once (an
+environment behind a network answers many sessions in parallel; one in-process is best called in turn).
+An observation is tokenized and appended to the context, and its range is recorded as an environment
+span: the trainer and the reference pass sum the model's tokens only.
 
 The model's tokens are kept exactly as generated (never decoded and encoded again), so the log-probs the
 trainer computes are of the very tokens the behaviour policy chose. An episode ends when the environment
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,25 +80,33 @@ def run_episodes(
         for turn in turns:
             episode = _Episode(prompt, list(ids), None, Trajectory())
             groups[p].append(episode)
-            try:
-                episode.state = task.start(prompt)
-            except Exception as err:  # noqa: BLE001 (the environment's failure ends its episode only)
-                _fail(episode.trajectory, "start", err)
-                continue
             live.append((episode, turn))
-    try:
-        while live:
-            waiting = [e for e, turn in live if _take_turn(task, tokenizer, e, turn, max_episode_tokens)]
-            if not waiting:
-                break
-            contexts = [e.prompt_ids + e.trajectory.token_ids for e in waiting]
-            budgets = [min(max_new_tokens, max_episode_tokens - len(e.trajectory.token_ids)) for e in waiting]
-            live = [(e, turns[0]) for e, turns in zip(waiting, generate(contexts, 1, budgets), strict=True)]
-    finally:
-        for group in groups:
-            for episode in group:
-                _finish(task, episode)
+    episodes = [e for e, _ in live]
+    with ThreadPoolExecutor(max(1, task.concurrent_steps)) as pool:
+        try:
+            started = pool.map(lambda e: _start(task, e), episodes)
+            live = [(e, turn) for (e, turn), ok in zip(live, started, strict=True) if ok]
+            while live:
+                going = pool.map(lambda et: _take_turn(task, tokenizer, et[0], et[1], max_episode_tokens), live)
+                waiting = [e for (e, _), goes_on in zip(live, going, strict=True) if goes_on]
+                if not waiting:
+                    break
+                contexts = [e.prompt_ids + e.trajectory.token_ids for e in waiting]
+                budgets = [min(max_new_tokens, max_episode_tokens - len(e.trajectory.token_ids)) for e in waiting]
+                live = [(e, turns[0]) for e, turns in zip(waiting, generate(contexts, 1, budgets), strict=True)]
+        finally:
+            list(pool.map(lambda e: _finish(task, e), episodes))
     return [[e.trajectory for e in group] for group in groups]
+
+
+def _start(task: MultiTurnTask, episode: _Episode) -> bool:
+    """The episode's state from the environment; False (the episode ended, failed) when it raises."""
+    try:
+        episode.state = task.start(episode.prompt)
+        return True
+    except Exception as err:  # noqa: BLE001 (the environment's failure ends its episode only)
+        _fail(episode.trajectory, "start", err)
+        return False
 
 
 def _take_turn(task: MultiTurnTask, tokenizer: Any, episode: _Episode, turn: Turn, max_episode_tokens: int) -> bool:

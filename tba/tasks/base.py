@@ -90,6 +90,7 @@ class MultiTurnTask(Task):
     max_turns: int = 4
     max_episode_tokens: int = 256  # the trajectory's tokens, the model's and the observations together
     turn_stop: tuple[str, ...] = ()  # strings that end a model turn besides EOS (a tool call's closing mark)
+    concurrent_steps: int = 1  # episodes whose start/step may run at once (threads): a server's sessions
 
     def start(self, prompt: Prompt) -> Any:
         """A new episode's state for ``prompt`` (a game, a sandbox, a session); None by default."""

@@ -21,7 +21,7 @@ ends that episode with the reason (:mod:`tba.model.episodes`). The server must t
 once as a batch has episodes (P x S; ``max_concurrent_envs`` of OpenEnv's ``create_fastapi_app``).
 
 The clients run on one event loop on a thread of their own (OpenEnv's client is asynchronous); each call
-waits at most ``timeout_s``.
+waits at most ``timeout_s``, and up to ``concurrent_steps`` episodes wait at once.
 """
 
 from __future__ import annotations
@@ -86,20 +86,21 @@ class OpenEnv(MultiTurnTask):
         max_episode_tokens: int = 256,
         turn_stop: list[str] | None = None,
         timeout_s: float = 30.0,
+        concurrent_steps: int = 64,
         held_out_fraction: float = 0.1,
     ) -> None:
         if not url.startswith(("http://", "https://", "ws://", "wss://")):
             raise ValueError(f"url must be the server's http(s):// or ws(s):// address, got {url!r}")
         if not (math.isfinite(timeout_s) and 0 < timeout_s <= 3600):
             raise ValueError(f"timeout_s must be in (0, 3600], got {timeout_s}")
-        if max_turns < 1 or max_episode_tokens < 1:
-            raise ValueError("max_turns and max_episode_tokens must be at least 1")
+        if max_turns < 1 or max_episode_tokens < 1 or not 1 <= concurrent_steps <= 4096:
+            raise ValueError("max_turns and max_episode_tokens must be at least 1, concurrent_steps in [1, 4096]")
         if "{observation}" not in observation_template:
             raise ValueError("observation_template must hold {observation}")
         self.client_class = _client_class()
         self.url, self.action_field, self.observation_field = url, action_field, observation_field
         self.observation_template, self.timeout_s = observation_template, timeout_s
-        self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
+        self.max_turns, self.max_episode_tokens, self.concurrent_steps = max_turns, max_episode_tokens, concurrent_steps
         self.turn_stop = tuple(turn_stop or ())
         self.held_out_fraction = check_fraction(held_out_fraction)
         self._loop: _Loop | None = None

@@ -8,6 +8,7 @@ checkpoint whose hash does not match refused, straight to the newest version.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -27,10 +28,10 @@ from tba.codec import decode
 from tba.keys import STREAM_FIELD, Keys
 from tba.model.logprobs import sequence_logprobs
 from tba.model.tiny import init_model
-from tba.model.tokenizer import encode_prompt
-from tba.schemas import ScoredGroup
+from tba.model.tokenizer import encode_prompt, load_tokenizer
+from tba.schemas import ScoredGroup, scored_flags
 from tba.settings import SearcherSettings
-from tba.tasks import Prompt, make_task
+from tba.tasks import MultiTurnTask, Prompt, Step, make_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -210,6 +211,97 @@ def test_per_token_logprobs_on_request(parts) -> None:
         assert len(s.token_logprobs) == len(s.completion_ids)
         assert abs(sum(s.token_logprobs) - s.logprob_sum) < 1e-3
     assert all(s.token_logprobs is None for g in scorer.score(generate_batch(engine, scorer, n=2)) for s in g.samples)
+
+
+class DigitTalk(MultiTurnTask):
+    """A turn ends at its first digit; the environment answers the first turn with `` ok;`` and ends the
+    episode at the second (reward 1). The random-weight model's turns end at a digit or its token budget."""
+
+    max_turns = 2
+    max_episode_tokens = 40
+    turn_stop = tuple("0123456789")
+
+    def train_prompts(self, seed):
+        return itertools.cycle([task_prompt(p) for p in PROMPTS])
+
+    def eval_prompts(self, n):
+        return [task_prompt(p) for p in PROMPTS[:n]]
+
+    def start(self, prompt):
+        return {"turns": 0}
+
+    def step(self, prompt, state, turn):
+        state["turns"] += 1
+        return Step(observation=" ok;") if state["turns"] == 1 else Step(done=True, reward=1.0)
+
+    def reward(self, prompt, completion):
+        return 0.0
+
+
+def test_multi_turn_log_probs_sum_the_models_tokens_only(parts, redis_server, tmp_path, tiny_model) -> None:
+    """Episodes through the whole searcher loop (a generate call per turn, the environment's answer in the
+    context): the stream carries each trajectory with its environment span, and both log-probs, vLLM's
+    behaviour sum and the reference pass's (forced here, at the base weights), equal the trainer's
+    computation with the environment's tokens masked."""
+    engine, _ = parts
+    settings = settings_for(
+        tiny_model, tmp_path, redis_server.url, prompts_per_batch=3, max_batches=2, ref_reuse_at_base=False
+    )
+    searcher = Searcher(settings, engine, Scorer(settings, DigitTalk(), settings.searcher_id))
+    try:
+        assert searcher.run() == 0
+        status = searcher.status()
+    finally:
+        searcher.close()
+    samples = [(g.prompt_ids, s) for g in read_stream(redis_server) for s in g.samples]
+    two_turns = [s for _, s in samples if s.env_spans]
+    assert len(samples) == 24 and len(two_turns) >= 4, "too few episodes reached a second turn"
+    ok = load_tokenizer(tiny_model)(" ok;", add_special_tokens=False)["input_ids"]
+    for s in two_turns:
+        ((start, end),) = s.env_spans
+        assert s.completion_ids[start:end] == ok and s.reward == 1.0
+    assert status["episodes"] == 24 and status["env_tokens"] == len(ok) * len(two_turns)
+    assert status["episode_turns"] == len(samples) + len(two_turns) and status["episode_failures"] == {}
+    prompts = [p for p, _ in samples]
+    completions = [s.completion_ids for _, s in samples]
+    scored = scored_flags([len(c) for c in completions], [s.env_spans for _, s in samples])
+    with torch.no_grad():
+        expected = sequence_logprobs(hf_model(tiny_model), prompts, completions, T, 0, scored)
+        unmasked = sequence_logprobs(hf_model(tiny_model), prompts, completions, T, 0)
+    ref = torch.tensor([s.ref_logprob_sum for _, s in samples])
+    behaviour = torch.tensor([s.logprob_sum for _, s in samples])
+    torch.testing.assert_close(ref, expected, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(behaviour, expected, atol=2e-3, rtol=1e-4)
+    assert (unmasked - expected).abs().max() > 0.1  # the environment's tokens would have counted
+
+
+def test_an_openenv_server_that_fails_ends_episodes_and_the_searcher_goes_on(parts, redis_server, tmp_path, tiny_model):
+    """A server that answers some episodes, hangs on others and sends garbage to the rest: those episodes
+    end (counted by what failed), the searcher runs all its batches, and only the answered episodes reach
+    the stream, each a valid group."""
+    from tests.integration.test_openenv import faulty
+
+    engine, _ = parts
+    proc, url = faulty()
+    try:
+        task = make_task("openenv", {"url": url, "timeout_s": 1.0, "max_turns": 2, "max_episode_tokens": 32})
+        settings = settings_for(tiny_model, tmp_path, redis_server.url, prompts_per_batch=4, max_batches=2)
+        searcher = Searcher(settings, engine, Scorer(settings, task, settings.searcher_id))
+        try:
+            assert searcher.run() == 0
+            status = searcher.status()
+        finally:
+            searcher.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    groups = read_stream(redis_server)  # decoded against the strict schema
+    seeds = [int(g.prompt_id.removeprefix("seed-")) for g in groups]
+    failed = status["episode_failures"].get("step", 0)
+    assert status["batches"] == 2 and status["episodes"] == 2 * 4 * settings.completions_per_prompt
+    assert failed > 0 and failed + sum(len(g.samples) for g in groups) == status["episodes"]
+    assert groups and all(seed % 4 == 0 for seed in seeds)  # only the server's well-behaved seeds
+    assert all(s.reward == 1.0 and not s.env_spans for g in groups for s in g.samples)
 
 
 def test_loop_publishes_scored_groups(parts, redis_server, tmp_path: Path, tiny_model: Path) -> None:
