@@ -1,5 +1,5 @@
 """Environments from the ecosystem inside ``tba up``, at smoke scale: the real system (redis-server, buffer,
-trainer, a searcher with vLLM) on a multi-turn tool task and on a reasoning-gym generator.
+trainer, a searcher with vLLM) on a multi-turn tool task, a reasoning-gym generator and a verifiers taskset.
 
 Each run ends after ``STEPS`` trainer steps; what it left (summary, timeline, evaluations) shows that groups
 were stored, the trainer stepped and the held-out evaluation ran, and for the multi-turn task that the
@@ -32,9 +32,9 @@ def calculator_model() -> Path:
     return ensure_base_model(task="calculator")
 
 
-def run_up(run_dir: Path, task: str, options: dict, base_model: Path) -> dict:
+def run_up(run_dir: Path, task: str, options: dict, base_model: Path, **env_vars: str) -> dict:
     """One ``tba up`` of ``task``; its summary, with the searchers' last status from the timeline."""
-    env = {**os.environ, "TBA_TASK_OPTIONS": json.dumps(options), "TBA_WARMUP_SAMPLES": "32"}
+    env = {**os.environ, "TBA_TASK_OPTIONS": json.dumps(options), "TBA_WARMUP_SAMPLES": "32", **env_vars}
     cmd = tba_command(
         "up",
         no_console=True,
@@ -81,3 +81,13 @@ def test_a_reasoning_gym_generator_trains_inside_tba_up(tmp_path: Path, sft_mode
     summary = run_up(tmp_path / "run", "reasoning-gym", options, sft_model)
     check_trained(summary)
     assert summary["searcher_status"]["episodes"] == 0  # single-turn: no episode loop
+
+
+def test_a_verifiers_taskset_trains_inside_tba_up(tmp_path: Path, sft_model: Path) -> None:
+    """A verifiers taskset loaded by name (tests/envs/vf_sums.py, on PYTHONPATH as an installed one would be),
+    its rows the prompts and its reward function the reward, on the arithmetic base (the same format)."""
+    envs = Path(__file__).resolve().parents[1] / "envs"
+    pythonpath = os.pathsep.join(filter(None, [str(envs), os.environ.get("PYTHONPATH", "")]))
+    summary = run_up(tmp_path / "run", "verifiers", {"env": "vf-sums"}, sft_model, PYTHONPATH=pythonpath)
+    check_trained(summary)
+    assert summary["evaluations"][0]["accuracy"] > 0.1  # the base adds: the taskset's reward sees it
