@@ -29,7 +29,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tba.health import free_port
 from tba.procs import parse_cpu_list
@@ -98,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its files go to <run-dir>/wandb (env TBA_WANDB; default off). TensorBoard event files "
         "are always written to <run-dir>/tensorboard.",
     )
+    parser.add_argument(
+        "--env-server",
+        action="store_true",
+        help="Serve --task (a multi-turn task) with `tba envserver` beside the searchers and train on it over "
+        "OpenEnv (the searchers and evaluations as the openenv task, the base model the task's own).",
+    )
     parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live panels.")
     parser.add_argument(
         "--no-report", action="store_true", help="Skip the HTML report (summary.json is always written)."
@@ -158,9 +166,14 @@ def check_args(args: argparse.Namespace) -> None:
     # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths).
     args.searcher_settings = load_settings(SearcherSettings, task=args.task)
     try:
-        make_task(args.task, args.searcher_settings.task_options)
+        task = make_task(args.task, args.searcher_settings.task_options)
     except ValueError as err:
         raise UsageError(f"--task: {err}") from None
+    args.served = None
+    if args.env_server:
+        args.served = served_task(args.task, task, args.searcher_settings.task_options, free_port())
+        args.task = "openenv"
+        args.searcher_settings = load_settings(SearcherSettings, task="openenv", task_options=args.served.options)
     args.trainer_settings = load_settings(  # the trainer's settings as tba up will start it
         TrainerSettings,
         trainer_procs=args.trainer_procs,
@@ -187,6 +200,35 @@ def check_args(args: argparse.Namespace) -> None:
                 f"--base-model: {args.base_model} is neither a model directory (no config.json) nor a packaged "
                 "model's name"
             )
+
+
+@dataclass(frozen=True)
+class ServedTask:
+    """--env-server: the multi-turn task ``tba envserver`` serves, and the openenv task's options for it."""
+
+    name: str
+    options: dict  # the openenv task's: the server's url and the served task's turn limits
+    served_options: dict  # the served task's own (TBA_TASK_OPTIONS as given)
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def served_task(name: str, task: Any, served_options: dict, port: int) -> ServedTask:
+    """What --env-server serves and how the searchers reach it; a single-turn task is a usage error."""
+    from tba.tasks import MultiTurnTask
+
+    if not isinstance(task, MultiTurnTask):
+        raise UsageError(f"--env-server serves multi-turn tasks; {name!r} is single-turn")
+    options = {
+        "url": f"http://127.0.0.1:{port}",
+        "max_turns": task.max_turns,
+        "max_episode_tokens": task.max_episode_tokens,
+        "turn_stop": list(task.turn_stop),
+    }
+    return ServedTask(name, options, dict(served_options), port)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -253,6 +295,7 @@ class LocalRun:
                 "TBA_NAMESPACE": self.namespace,
                 "TBA_AUTH_TOKEN": self.token,
                 "TBA_TASK": self.args.task,
+                "TBA_TASK_OPTIONS": json.dumps(self.args.searcher_settings.task_options),
                 "TBA_MODEL": str(base_model),
                 "TBA_CHECKPOINT_DIR": str(self.ckpt_dir),
                 "TBA_SEED": str(self.args.seed),  # each searcher derives its own from it and its id
@@ -292,6 +335,25 @@ class LocalRun:
             )
         )
         _wait_http(f"{buffer_url}/readyz", 60, buffer)
+        served = self.args.served
+        if served is not None:  # before the searchers: their first prompts are its episodes' starts
+            envserver = self.sup.add(
+                Child(
+                    "envserver",
+                    tba_command(
+                        "envserver",
+                        task=served.name,
+                        task_options=json.dumps(served.served_options),
+                        port=served.port,
+                        max_sessions=4096,
+                    ),
+                    dict(os.environ),
+                    self.logs / "envserver.log",
+                    cpus=self.args.searcher_cpus,
+                )
+            )
+            _wait_http(f"{served.url}/health", 60, envserver)
+            self.endpoints["envserver"] = served.url
 
         status_urls: dict[str, str] = {}
         port = free_port()
@@ -449,8 +511,10 @@ class LocalRun:
         from tba.model.sft import ensure_base_model
 
         s = self.args.searcher_settings
+        served = self.args.served  # --env-server: the served task's base model
         base_model = self.base_model = self.args.base_model or ensure_base_model(
-            task=self.args.task, options=s.task_options
+            task=served.name if served else self.args.task,
+            options=served.served_options if served else s.task_options,
         )
         self.t0 = time.time()  # the run's clock starts when the system does, not with the warm-up
         log.info("run directory %s, base model %s", self.run_dir, base_model)

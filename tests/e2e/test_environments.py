@@ -32,7 +32,9 @@ def calculator_model() -> Path:
     return ensure_base_model(task="calculator")
 
 
-def run_up(run_dir: Path, task: str, options: dict, base_model: Path, **env_vars: str) -> dict:
+def run_up(
+    run_dir: Path, task: str, options: dict, base_model: Path, env_server: bool = False, **env_vars: str
+) -> dict:
     """One ``tba up`` of ``task``; its summary, with the searchers' last status from the timeline."""
     env = {**os.environ, "TBA_TASK_OPTIONS": json.dumps(options), "TBA_WARMUP_SAMPLES": "32", **env_vars}
     cmd = tba_command(
@@ -47,6 +49,7 @@ def run_up(run_dir: Path, task: str, options: dict, base_model: Path, **env_vars
         base_model=base_model,
         eval_every=20,
         eval_prompts=40,
+        env_server=env_server,
     )
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MINUTES * 60 + 240)
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -91,3 +94,15 @@ def test_a_verifiers_taskset_trains_inside_tba_up(tmp_path: Path, sft_model: Pat
     summary = run_up(tmp_path / "run", "verifiers", {"env": "vf-sums"}, sft_model, PYTHONPATH=pythonpath)
     check_trained(summary)
     assert summary["evaluations"][0]["accuracy"] > 0.1  # the base adds: the taskset's reward sees it
+
+
+def test_a_multi_turn_task_served_over_openenv_trains_inside_tba_up(tmp_path: Path, calculator_model: Path) -> None:
+    """``tba up --env-server``: the calculator served by ``tba envserver`` beside the searchers, which reach it
+    (and the run's evaluations too) over OpenEnv's client; the same episodes as in process."""
+    summary = run_up(tmp_path / "run", "calculator", {}, calculator_model, env_server=True)
+    check_trained(summary)
+    status = summary["searcher_status"]
+    assert summary["endpoints"]["envserver"].startswith("http://127.0.0.1:")
+    assert status["episode_turns"] > status["episodes"] > 0 and status["env_tokens"] > 0
+    assert status["episode_failures"] == {}
+    assert summary["evaluations"][0]["accuracy"] > 0.0
