@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tba.model.batches import token_budget_chunks
-from tba.schemas import SampledBatch, check_env_spans
+from tba.schemas import SampledBatch, check_env_spans, scored_flags
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,7 @@ def _collate(units: list[list[Row]]) -> MicroBatch:
         prompt_index=torch.tensor(index, dtype=torch.long),
         tokens=sum(r.length for r in rows),
         padded_tokens=len(rows) * max(r.length for r in rows),
-        scored=None
-        if all(r.scored is None for r in rows)
-        else [r.scored or (True,) * len(r.completion_ids) for r in rows],
+        scored=scored_flags([len(r.completion_ids) for r in rows], [r.env_spans for r in rows]),
     )
 
 
