@@ -72,8 +72,8 @@ class CommonSettings(BaseSettings):
     max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted message in bytes.")
     task: str = Field(
         "arithmetic",
-        description="Task: arithmetic, countdown, sums, gsm8k, reward-model, redteam, "
-        "or package.module:Class of your own.",
+        description="Task: arithmetic, countdown, sums, gsm8k, reward-model, redteam, calculator (multi-turn, "
+        "a tool), reasoning-gym, verifiers, openenv (docs/environments.md), or package.module:Class of your own.",
     )
     task_options: dict[str, Any] = Field(default_factory=dict, description='Task options as JSON, e.g. {"digits": 2}.')
     temperature: float = Field(0.7, gt=0.0, le=10.0, description="Sampling temperature T; log-probs use logits/T.")

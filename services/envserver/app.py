@@ -23,9 +23,10 @@ def create_app(task_name: str, options: dict[str, Any] | None = None, max_sessio
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, Observation, State
 
-    task = make_task(task_name, options)
-    if not isinstance(task, MultiTurnTask):
+    made = make_task(task_name, options)
+    if not isinstance(made, MultiTurnTask):
         raise ValueError(f"task {task_name!r} is single-turn: an environment server serves multi-turn tasks")
+    task: MultiTurnTask = made
 
     class TextAction(Action):
         text: str

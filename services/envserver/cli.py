@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+INSTALL = "pip install openenv-core==0.3.0 (or pip install -e '.[envs]')"
 HELP = "Serve a multi-turn task (the calculator, or package.module:Class) as an OpenEnv environment server."
 
 
@@ -34,6 +35,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         app = create_app(args.task, options, args.max_sessions)
+    except ImportError as err:
+        raise SystemExit(f"tba envserver: {err}; {INSTALL}") from None
     except ValueError as err:
         raise SystemExit(f"tba envserver: {err}") from None
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)

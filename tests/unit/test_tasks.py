@@ -25,7 +25,18 @@ def take(task, seed: int, n: int) -> list[Prompt]:
 
 
 def test_registry_has_every_task() -> None:
-    assert task_names() == ["arithmetic", "countdown", "gsm8k", "redteam", "reward-model", "sums"]
+    assert task_names() == [
+        "arithmetic",
+        "calculator",
+        "countdown",
+        "gsm8k",
+        "openenv",
+        "reasoning-gym",
+        "redteam",
+        "reward-model",
+        "sums",
+        "verifiers",
+    ]
 
 
 def test_the_task_setting_names_every_registered_task() -> None:
@@ -78,7 +89,7 @@ def test_a_task_of_your_own_by_module_and_class(tmp_path: Path, monkeypatch: pyt
 
 
 def test_unknown_task_and_bad_options_are_named() -> None:
-    with pytest.raises(ValueError, match="unknown task 'chess'.*arithmetic, countdown"):
+    with pytest.raises(ValueError, match="unknown task 'chess'.*arithmetic, calculator, countdown"):
         make_task("chess")
     with pytest.raises(ValueError, match="bad options for task 'arithmetic'.*colour"):
         make_task("arithmetic", {"colour": "red"})
