@@ -207,3 +207,50 @@ def test_a_trained_checkpoint_reloads_in_place_with_tied_weights(parts, smollm2:
     # which it kept the old embeddings' packed copy and these were off by up to a few nats after training.
     torch.testing.assert_close(behaviour, on_new, atol=2e-3, rtol=1e-4)
     assert (on_new - on_base).abs().max() > 0.2, "one step at lr 1e-3 should move the log-probs"
+
+
+def test_multi_turn_log_probs_and_tb_loss_mask_the_environment_on_the_real_model(smollm2: Path) -> None:
+    """SmolLM2-135M (grouped-query attention, tied embeddings, a chat template): a two-turn trajectory whose
+    environment turn is a chat-templated tool message. The prefix trees' masked sums equal the sums written
+    out token by token, and the learner's TB gradient equals the direct formula's on those sums."""
+    from services.trainer.batching import plan_micro_batches
+    from tba.model.logprobs import shared_prefix_logprobs
+    from tba.model.tokenizer import load_tokenizer
+    from tba.schemas import scored_flags
+    from tests.unit.test_logprobs import by_hand
+    from tests.unit.test_losses import direct_tb
+
+    tok = load_tokenizer(smollm2)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 37*45+8?"}], add_generation_prompt=True)
+    call = tok("[37*45]<|im_end|>\n", add_special_tokens=False)["input_ids"]
+    result = tok("<|im_start|>user\n1665<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    answers = [tok(a + "<|im_end|>", add_special_tokens=False)["input_ids"] for a in ("1673", "1670", "It is 1673")]
+    completions = [call + result + a for a in answers] + [answers[0]]  # three two-turn trajectories, one direct answer
+    spans = [[[len(call), len(call) + len(result)]]] * 3 + [None]
+    prompts = [prompt] * 4
+    scored = scored_flags([len(c) for c in completions], spans)
+    model = hf_model(smollm2)
+    with torch.no_grad():
+        expected = by_hand(model, prompts, completions, scored)
+        trees = shared_prefix_logprobs(model, prompts, completions, T, EOS, scored)
+        unmasked = shared_prefix_logprobs(model, prompts, completions, T, EOS)
+    torch.testing.assert_close(trees, expected, atol=2e-3, rtol=1e-4)
+    assert (unmasked[:3] - expected[:3]).abs().min() > 0.5  # the tool message's tokens are not in the sums
+
+    rows = [
+        Row(("calculator", "p"), tuple(prompt), tuple(c), r, -30.0 - i, 0, 0, s)
+        for i, (c, r, s) in enumerate(zip(completions, [1.0, 0.0, 1.0, 1.0], spans, strict=True))
+    ]
+    optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
+    learner = Learner(
+        model, optimizer, scheduler, make_loss("tb"), temperature=T, pad_id=EOS, token_budget=16384, grad_clip=None
+    )
+    model.zero_grad(set_to_none=True)
+    learner.accumulate(plan_micro_batches(rows, 16384), beta=0.05, denom=len(rows))
+    got = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    log_pi = by_hand(model, prompts, completions, scored)
+    _, dloss = direct_tb(log_pi.tolist(), [r.log_ref for r in rows], [r.reward for r in rows], ["p"] * 4, 0.05)
+    (log_pi * torch.tensor(dloss)).sum().backward()
+    want = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * want.abs().max().item())
