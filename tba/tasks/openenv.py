@@ -104,11 +104,13 @@ class OpenEnv(MultiTurnTask):
         self.turn_stop = tuple(turn_stop or ())
         self.held_out_fraction = check_fraction(held_out_fraction)
         self._loop: _Loop | None = None
+        self._loop_lock = threading.Lock()
 
     # --- the client ---
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        if self._loop is None:
-            self._loop = _Loop()
+        with self._loop_lock:  # one loop for every client: a connection is bound to the loop that opened it
+            if self._loop is None:
+                self._loop = _Loop()
         return self._loop.run(coro, self.timeout_s)
 
     def _connect(self) -> Any:
@@ -160,7 +162,8 @@ class OpenEnv(MultiTurnTask):
                             ) from err
                         log.warning("OpenEnv server %s: reset(seed=%d) failed (%s); retrying", self.url, seed, err)
                         time.sleep(RETRY_PAUSE_S * 2**attempt)
-                if is_held_out(text, self.held_out_fraction) == held_out:
+                # Salted: a server's prompts may come from a stream already split by the same hash (tba envserver).
+                if is_held_out(f"openenv:{text}", self.held_out_fraction) == held_out:
                     yield Prompt(f"seed-{seed}", text, "")
         finally:
             if client is not None:
