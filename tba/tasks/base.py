@@ -164,6 +164,8 @@ def task_class(name: str) -> Callable[..., Task]:
         raise ValueError(f"task {name!r}: cannot import {attr} from {module}: {err}") from None
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ValueError(f"task {name!r} is not a subclass of tba.tasks.Task")
+    if not getattr(cls, "name", None):  # groups name their task: a class of your own is named as you named it
+        cls.name = name
     return cls
 
 

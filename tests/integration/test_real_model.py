@@ -215,13 +215,13 @@ def test_multi_turn_log_probs_and_tb_loss_mask_the_environment_on_the_real_model
     out token by token, and the learner's TB gradient equals the direct formula's on those sums."""
     from services.trainer.batching import plan_micro_batches
     from tba.model.logprobs import shared_prefix_logprobs
-    from tba.model.tokenizer import load_tokenizer
+    from tba.model.tokenizer import PromptFormat, load_tokenizer
     from tba.schemas import scored_flags
     from tests.unit.test_logprobs import by_hand
     from tests.unit.test_losses import direct_tb
 
     tok = load_tokenizer(smollm2)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 37*45+8?"}], add_generation_prompt=True)
+    prompt = PromptFormat(chat=True).encode(tok, "What is 37*45+8?")
     call = tok("[37*45]<|im_end|>\n", add_special_tokens=False)["input_ids"]
     result = tok("<|im_start|>user\n1665<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     answers = [tok(a + "<|im_end|>", add_special_tokens=False)["input_ids"] for a in ("1673", "1670", "It is 1673")]

@@ -217,6 +217,7 @@ class DigitTalk(MultiTurnTask):
     """A turn ends at its first digit; the environment answers the first turn with `` ok;`` and ends the
     episode at the second (reward 1). The random-weight model's turns end at a digit or its token budget."""
 
+    name = "digit-talk"
     max_turns = 2
     max_episode_tokens = 40
     turn_stop = tuple("0123456789")

@@ -142,6 +142,7 @@ def test_the_readme_task_example_runs(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delitem(sys.modules, module, raising=False)
     (name,) = re.findall(r"TBA_TASK=(\w+:\w+)", readme)
     task = make_task(name)
+    assert task.name == name  # what its groups are stamped with
     held_out = task.eval_prompts(4)
     assert len(held_out) == 4 and all(task.reward(p, p.answer) == 1.0 for p in held_out)
     train = {p.prompt_id for p, _ in zip(task.train_prompts(0), range(100), strict=False)}
