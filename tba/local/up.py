@@ -533,7 +533,7 @@ class LocalRun:
             log.error("start-up failed: %s", err)
             self.sup.stop_all()
             return 1
-        self.endpoints = {"redis": redact_url(self.redis_url), "buffer": buffer_url, **status_urls}
+        self.endpoints = {"redis": redact_url(self.redis_url), "buffer": buffer_url, **self.endpoints, **status_urls}
         self.tracker = Tracker(
             self.run_dir / "tensorboard",
             name="eval",

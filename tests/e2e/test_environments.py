@@ -54,7 +54,12 @@ def run_up(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MINUTES * 60 + 240)
     assert proc.returncode == 0, f"tba up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    rows = [r for r in read_jsonl(run_dir / "timeline.jsonl") if (r.get("searchers") or {}).get("searcher-0")]
+    # The last status the searcher answered (a poll during its shutdown records an error instead).
+    rows = [
+        r
+        for r in read_jsonl(run_dir / "timeline.jsonl")
+        if "episodes" in (r.get("searchers") or {}).get("searcher-0", {})
+    ]
     summary["searcher_status"] = rows[-1]["searchers"]["searcher-0"] if rows else {}
     return summary
 
