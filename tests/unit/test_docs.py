@@ -14,6 +14,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,20 +129,26 @@ def test_nothing_points_outside_the_repository() -> None:
     assert not offenders, "references to notes outside the repository:\n" + "\n".join(offenders)
 
 
-def test_the_readme_task_example_runs(tmp_path: Path, monkeypatch) -> None:
-    """README "Tasks": the task of your own, copied from the README as a user copies it, loads by
-    ``module:Class`` and scores its own held-out answers."""
+def documented_task(page: Path, tmp_path: Path, monkeypatch) -> tuple[str, Any]:
+    """The task of a page's first ``# module.py`` example, copied as a user copies it and made by the name
+    its ``TBA_TASK=module:Class`` line gives."""
     from tba.tasks import make_task
 
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"```python\n# (\w+)\.py\n(.*?)```", readme, re.S)
-    assert match, "README: the task example is gone"
+    text = page.read_text()
+    match = re.search(r"```python\n# (\w+)\.py\n(.*?)```", text, re.S)
+    assert match, f"{page.name}: the task example is gone"
     module, code = match.groups()
     (tmp_path / f"{module}.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, module, raising=False)
-    (name,) = re.findall(r"TBA_TASK=(\w+:\w+)", readme)
-    task = make_task(name)
+    (name,) = re.findall(r"TBA_TASK=(\w+:\w+)", text)
+    return name, make_task(name)
+
+
+def test_the_readme_task_example_runs(tmp_path: Path, monkeypatch) -> None:
+    """README "Tasks": the task of your own, copied from the README as a user copies it, loads by
+    ``module:Class`` and scores its own held-out answers."""
+    name, task = documented_task(ROOT / "README.md", tmp_path, monkeypatch)
     assert task.name == name  # what its groups are stamped with
     held_out = task.eval_prompts(4)
     assert len(held_out) == 4 and all(task.reward(p, p.answer) == 1.0 for p in held_out)
@@ -154,17 +161,9 @@ def test_the_multi_turn_example_plays_episodes(tmp_path: Path, monkeypatch, tiny
     the held-out evaluation with a real model (the tiny one, untrained: its guesses are noise), and its
     environment answers as the page says."""
     from tba.model.evaluation import attempts, load_model
-    from tba.tasks import Step, make_task
+    from tba.tasks import Step
 
-    page = (ROOT / "docs" / "environments.md").read_text()
-    match = re.search(r"```python\n# (\w+)\.py\n(.*?)```", page, re.S)
-    assert match, "docs/environments.md: the multi-turn example is gone"
-    module, code = match.groups()
-    (tmp_path / f"{module}.py").write_text(code)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, module, raising=False)
-    (name,) = re.findall(r"TBA_TASK=(\w+:\w+)", page)
-    task = make_task(name)
+    _, task = documented_task(ROOT / "docs" / "environments.md", tmp_path, monkeypatch)
     prompt = task.eval_prompts(10)[7]
     state = task.start(prompt)
     assert task.step(prompt, state, "3") == Step(observation=" higher;")
