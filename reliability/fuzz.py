@@ -112,9 +112,11 @@ def harness_document(openapi: dict[str, Any]) -> dict[str, Any]:
     for name, value in (("temperature", TEMPERATURE), ("reference", REFERENCE)):
         if name in group:
             group[name] = {**group[name], "enum": [value]}
-    # One rule JSON Schema cannot state: per-token log-probs, when given, are as many as the completion's
-    # ids. The field is left out of the document (the poison entries below try wrong lengths).
-    del doc["components"]["schemas"]["ScoredSample"]["properties"]["token_logprobs"]
+    # Rules JSON Schema cannot state: per-token log-probs, when given, are as many as the completion's ids;
+    # environment spans are sorted, disjoint ranges inside it. Both fields are left out of the document (the
+    # poison entries below try wrong lengths; tests/unit/test_schemas.py bad spans).
+    for name in ("token_logprobs", "env_spans"):
+        del doc["components"]["schemas"]["ScoredSample"]["properties"][name]
     return doc
 
 
