@@ -100,12 +100,3 @@ def main() -> list[Figure]:
         redis_proc.kill()
         redis_proc.wait()
         shutil.rmtree(work, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    import os
-
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from benchmarks import format_table
-
-    print(format_table(main()))

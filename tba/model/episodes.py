@@ -50,7 +50,6 @@ class Trajectory:
     turns: int = 0
     failure: str | None = None  # why the environment or a turn failed (the episode is not trained on)
     failure_kind: str | None = None  # one of FAILURE_KINDS: what failed, for counting
-    done: bool = False
 
 
 @dataclass
@@ -125,12 +124,12 @@ def _take_turn(task: MultiTurnTask, tokenizer: Any, episode: _Episode, turn: Tur
         _fail(t, "step", err)
         return False
     if step.done:
-        t.reward, t.done = step.reward, True
+        t.reward = step.reward
         return False
     observation = tokenizer.encode(step.observation, add_special_tokens=False) if step.observation else []
     left = max_episode_tokens - len(t.token_ids) - len(observation)
     if finish == "length" or t.turns >= task.max_turns or left <= 0:
-        t.finish_reason, t.done = "length", True  # out of turns or tokens before the environment's end
+        t.finish_reason = "length"  # out of turns or tokens before the environment's end
         return False
     if observation:
         t.env_spans.append([len(t.token_ids), len(t.token_ids) + len(observation)])
@@ -139,7 +138,7 @@ def _take_turn(task: MultiTurnTask, tokenizer: Any, episode: _Episode, turn: Tur
 
 
 def _fail(t: Trajectory, kind: str, err: Exception) -> None:
-    t.finish_reason, t.failure_kind, t.done = "abort", kind, True
+    t.finish_reason, t.failure_kind = "abort", kind
     t.failure = f"{kind} (turn {t.turns}): {type(err).__name__}: {err}"[:300]
     log.warning("an episode ended early: %s", t.failure)
 
