@@ -16,14 +16,20 @@ with the TB loss for the same wall-clock budget, each at its best:
   every step. Each core idles while the other works.
 
 Every arm runs once per seed and budget: two budgets (5 and 10 minutes) so that no learning-rate
-schedule, which decays over the last half of each run, decides the result. Reported per budget and
+schedule, which decays over the last half of each run, decides the result.
+
+``--generation-heavy`` runs both arms on the calculator task instead (tba/tasks/calculator.py): each
+trajectory is a tool call, the tool's answer and the final answer, so the searcher makes two generate calls
+and an environment step per trajectory where arithmetic makes one short call, and generation is most of the
+synchronous cycle instead of a third: the paper's regime, where generation dominates. Its targets start
+lower (its SFT base is at 27 %, arithmetic's at 34.5 %). Reported per budget and
 arm, with spread over seeds: time to 50/60/70/80 % held-out greedy accuracy, accuracy at the end,
 trainer steps, the update-to-data ratio (samples trained on per sample generated), the staleness of
 the samples trained on, each core's busy fraction and the synchronous cycle's parts; per seed the
 async/sync ratio of the times.
 
 Cost: 2 arms x seeds x (each budget + ~1 min start-up and shutdown); 3 seeds at 5 and 10 minutes: ~100 min.
-Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10]``.
+Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy]``.
 """
 
 from __future__ import annotations
@@ -43,24 +49,23 @@ from experiments.arms import (
 )
 from tba.local.report import read_jsonl, staleness_counts
 
-TARGETS = (0.5, 0.6, 0.7, 0.8)
+# Accuracy targets per task: the held-out greedy accuracies whose times to reach are compared.
+TARGETS = {"arithmetic": (0.5, 0.6, 0.7, 0.8), "calculator": (0.4, 0.5, 0.6, 0.7)}
 PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1"}
 EVAL_EVERY = 15.0  # seconds between held-out evaluations: the resolution of a time to target
-ARMS = [
-    Arm("async-tb", mode="async", eval_every=EVAL_EVERY, **PLACEMENT),
-    Arm(
-        "sync-tb",
-        mode="sync",
-        env={"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"},
-        eval_every=EVAL_EVERY,
-        **PLACEMENT,
-    ),
-]
-# The recency branch's order, ablated (--ablation): uniformly among the newest versions' prompts instead of
-# each new group once, in arrival order.
-ABLATION = Arm(
-    "async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, eval_every=EVAL_EVERY, **PLACEMENT
-)
+SYNC_ENV = {"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"}
+
+
+def arms(task: str, ablation: bool) -> list[Arm]:
+    """Both arms on ``task``; with ``ablation`` also the recency branch uniformly among the newest versions'
+    prompts instead of each new group once, in arrival order."""
+    common = {"task": task, "eval_every": EVAL_EVERY, **PLACEMENT}
+    out = [Arm("async-tb", mode="async", **common), Arm("sync-tb", mode="sync", env=SYNC_ENV, **common)]
+    if ablation:
+        out.append(Arm("async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, **common))
+    return out
+
+
 # Staleness of the samples trained on, in versions: the histogram's buckets (upper bounds; the last is open).
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 64)
 
@@ -130,8 +135,8 @@ def work_per_batch(run_dir: Path) -> dict[str, float] | None:
     }
 
 
-def report(runs: dict[str, list[dict]], minutes: float, out: Path, results: Path) -> list[str]:
-    """The table of one budget, in lines of markdown; the plot beside it."""
+def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: float, out: Path, plot: Path) -> list[str]:
+    """The table of one budget, in lines of markdown; the plot written to ``plot``."""
     seeds = len(next(iter(runs.values())))
     rows = {
         name: [trainer_rows(out / name / f"seed-{s['seed']}") for s in summaries] for name, summaries in runs.items()
@@ -145,14 +150,14 @@ def report(runs: dict[str, list[dict]], minutes: float, out: Path, results: Path
         + ".",
         "",
         "| arm | "
-        + " | ".join(f"time to {t:.0%} (s)" for t in TARGETS)
+        + " | ".join(f"time to {t:.0%} (s)" for t in targets)
         + " | accuracy at the end | trainer steps | update-to-data | CPU 0 busy | CPU 1 busy |",
-        "|---|" + "---|" * (len(TARGETS) + 5),
+        "|---|" + "---|" * (len(targets) + 5),
     ]
     for name, summaries in runs.items():
         cells = [
             spread([training_time_to(s, r, t) for s, r in zip(summaries, rows[name], strict=True)], "{:.0f}")
-            for t in TARGETS
+            for t in targets
         ]
         cells.append(spread([100 * s["evaluations"][-1]["accuracy"] for s in summaries], unit="%"))
         cells.append(spread([s.get("trainer_steps") or 0 for s in summaries], "{:.0f}"))
@@ -161,7 +166,7 @@ def report(runs: dict[str, list[dict]], minutes: float, out: Path, results: Path
             cells.append(spread([100 * s["cpu_busy"][cpu] for s in summaries], "{:.0f}", "%"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Time to target, async / sync (ratio of the mean times; range of the per-seed ratios):", ""]
-    for t in TARGETS:
+    for t in targets:
         a = [training_time_to(s, r, t) for s, r in zip(runs["async-tb"], rows["async-tb"], strict=True)]
         b = [training_time_to(s, r, t) for s, r in zip(runs["sync-tb"], rows["sync-tb"], strict=True)]
         a0 = [time_to(s["evaluations"], t) for s in runs["async-tb"]]
@@ -178,7 +183,7 @@ def report(runs: dict[str, list[dict]], minutes: float, out: Path, results: Path
     for name, summaries in runs.items():
         for s, r in zip(summaries, rows[name], strict=True):
             ev = s["evaluations"]
-            times = ", ".join("-" if (x := training_time_to(s, r, t)) is None else f"{x:.0f}" for t in TARGETS)
+            times = ", ".join("-" if (x := training_time_to(s, r, t)) is None else f"{x:.0f}" for t in targets)
             utd = update_to_data(s)
             parts = cycle_parts(r)
             cycle = (
@@ -208,29 +213,34 @@ def report(runs: dict[str, list[dict]], minutes: float, out: Path, results: Path
             f"{work['score']:.3f} + reload {work['reload']:.3f} + train {parts['compute']:.3f} + checkpoint "
             f"{work['publish']:.3f} + overhead {parts['cycle'] - known:.3f}"
         )
-    plot = f"decoupling-{minutes:g}min.png"
-    lines += ["", f"![accuracy against time, {minutes:g} minutes]({plot})", ""]
-    plot_accuracy(runs, results / plot, f"Bounded async vs on-policy sync TB, separate cores, {minutes:g} min")
+    lines += ["", f"![accuracy against time, {minutes:g} minutes]({plot.name})", ""]
+    plot_accuracy(runs, plot, f"Bounded async vs on-policy sync TB, separate cores, {minutes:g} min")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    flags = {"ablation": f"Also run {ABLATION.name}: the recency branch uniform instead of in arrival order."}
+    flags = {
+        "ablation": "Also run async-tb-uniform: the recency branch uniform instead of in arrival order.",
+        "generation-heavy": "Run the arms on the calculator task (a tool call per trajectory) instead of arithmetic.",
+    }
     args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0], flags=flags)
-    arms = [*ARMS, ABLATION] if args.ablation else ARMS
+    task = "calculator" if args.generation_heavy else "arithmetic"
+    prefix = "decoupling-calculator" if args.generation_heavy else "decoupling"
     for minutes in args.minutes:  # one file per budget, written as soon as its runs are done
-        out = args.out / f"{minutes:g}min"
-        runs = run_interleaved(arms, args.seeds, minutes, out)
+        name = f"{prefix}-{minutes:g}min"
+        out = args.out / (f"calculator-{minutes:g}min" if args.generation_heavy else f"{minutes:g}min")
+        runs = run_interleaved(arms(task, args.ablation), args.seeds, minutes, out)
+        flags_used = " --ablation" * args.ablation + " --generation-heavy" * args.generation_heavy
         lines = [
-            f"# Claim (1): decoupling, {minutes:g} minutes per run",
+            f"# Claim (1): decoupling, {task}, {minutes:g} minutes per run",
             "",
             "Searcher on CPU 0, trainer on CPU 1 in both arms; same SFT base; held-out greedy accuracy on 200 "
             f"prompts every {EVAL_EVERY:g} s. `python -m experiments.decoupling --seeds {args.seeds} --minutes "
-            f"{minutes:g}{' --ablation' if args.ablation else ''}`. Spread: mean ± sd (min-max, n) over seeds.",
+            f"{minutes:g}{flags_used}`. Spread: mean ± sd (min-max, n) over seeds.",
             "",
-            *report(runs, minutes, out, args.results),
+            *report(runs, TARGETS[task], minutes, out, args.results / f"{name}.png"),
         ]
-        write_markdown(args.results / f"decoupling-{minutes:g}min.md", lines)
+        write_markdown(args.results / f"{name}.md", lines)
     return 0
 
 

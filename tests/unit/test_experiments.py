@@ -72,3 +72,16 @@ def test_decoupling_reads_staleness_update_to_data_and_the_cycle_from_a_run() ->
     assert update_to_data({"buffer": {"samples_ingested": 200, "samples_served": 300}}) == 1.5
     assert update_to_data({"buffer": {}}) is None
     assert cycle_parts(rows) == {"cycle": 0.55, "compute": 0.1, "wait": 0.3}
+
+
+def test_decoupling_arms_differ_only_in_the_mode_and_run_the_configuration_s_task() -> None:
+    from experiments.decoupling import TARGETS, arms
+
+    for task in ("arithmetic", "calculator"):
+        a, s, u = arms(task, ablation=True)
+        assert (a.name, s.name, u.name) == ("async-tb", "sync-tb", "async-tb-uniform")
+        assert {a.task, s.task, u.task} == {task} and task in TARGETS
+        assert (a.mode, s.mode, u.mode) == ("async", "sync", "async")
+        assert s.env["TBA_MAX_BATCHES_PER_VERSION"] == "1" and u.env == {"TBA_RECENCY_ORDER": "newest"}
+        assert {x.searcher_cpus for x in (a, s, u)} == {"0"} and {x.trainer_cpus for x in (a, s, u)} == {"1"}
+    assert len(arms("arithmetic", ablation=False)) == 2

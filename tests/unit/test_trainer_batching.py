@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -75,23 +76,22 @@ def test_plan_gives_an_oversize_prompt_its_own_micro_batch(caplog) -> None:
     assert "over the budget" in caplog.text
 
 
-def sampled_batch(groups: list[tuple[str, list[int], list[list[int]]]]) -> SampledBatch:
+def sampled_batch(groups: list[tuple[str, list[int], list[Any]]]) -> SampledBatch:
+    """A batch of ``(prompt_id, prompt_ids, samples)`` groups; a sample is its completion ids, or the fields of
+    a SampledSample that differ from the defaults here."""
+
+    def sample(s: list[int] | dict[str, Any]) -> SampledSample:
+        fields = {"completion_ids": s} if isinstance(s, list) else s
+        defaults = {"reward": 1.0, "logprob_sum": -1.0, "ref_logprob_sum": -2.0, "version": 1, "staleness": 2}
+        return SampledSample(**{**defaults, **fields})
+
     return SampledBatch(
         trainer_version=3,
         groups=[
             SampledGroup(
-                prompt_id=pid,
-                prompt_ids=prompt,
-                task="arithmetic",
-                branch="reward",
-                samples=[
-                    SampledSample(
-                        completion_ids=c, reward=1.0, logprob_sum=-1.0, ref_logprob_sum=-2.0, version=1, staleness=2
-                    )
-                    for c in comps
-                ],
+                prompt_id=pid, prompt_ids=prompt, task="arithmetic", branch="reward", samples=[sample(x) for x in xs]
             )
-            for pid, prompt, comps in groups
+            for pid, prompt, xs in groups
         ],
     )
 
@@ -190,29 +190,18 @@ def test_a_multi_turn_batch_trains_on_the_models_tokens_only(tiny_model) -> None
         ("b", [1, 9], [([12, 30, 31, 32, 13], [[1, 4]]), ([12, 30, 31, 32, 14, 2], [[1, 4]])]),
     ]
     rewards = {"a": [1.0, 0.0, 1.0], "b": [0.0, 1.0]}
-    batch = SampledBatch(
-        trainer_version=3,
-        groups=[
-            SampledGroup(
-                prompt_id=pid,
-                prompt_ids=prompt,
-                task="arithmetic",
-                branch="recency",
-                samples=[
-                    SampledSample(
-                        completion_ids=c,
-                        env_spans=spans,
-                        reward=r,
-                        logprob_sum=-1.0,
-                        ref_logprob_sum=-2.0 - i,
-                        version=3,
-                        staleness=0,
-                    )
+    batch = sampled_batch(
+        [
+            (
+                pid,
+                prompt,
+                [
+                    {"completion_ids": c, "env_spans": spans, "reward": r, "ref_logprob_sum": -2.0 - i}
                     for i, ((c, spans), r) in enumerate(zip(samples, rewards[pid], strict=True))
                 ],
             )
             for pid, prompt, samples in groups
-        ],
+        ]
     )
     rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
     assert not problems and rows[0].env_spans == [[2, 4]] and rows[2].env_spans is None
