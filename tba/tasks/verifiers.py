@@ -15,8 +15,10 @@ completion as the assistant's sampled reply) and the task's ``score`` runs its `
 (and judges) on it, without a runtime; ``trace.reward`` is the weighted sum. A prompt counts as solved at a
 positive reward.
 
-Single-turn tasksets only: a taskset that exports its own ``Env`` (a multi-turn loop) is refused with that
-reason.
+A taskset whose environment runs its own loop (it exports an ``Env`` subclass, or ``env_id`` pairs it with
+one, verifiers' ``--env.id``) is a multi-turn task instead: ``Verifiers(...)`` makes a
+:class:`~tba.tasks.verifiers_env.VerifiersEnv`, which runs that ``Env``'s ``run`` in the searcher with the
+model's turns as the trained seat's (tba/tasks/verifiers_env.py).
 """
 
 from __future__ import annotations
@@ -39,8 +41,30 @@ def _library() -> Any:
     return vf
 
 
+def _runs_own_loop(vf: Any, env: str, env_id: str) -> bool:
+    """Whether the taskset's environment (its own ``Env``, or the one ``env_id`` pairs it with) is other than
+    the plain single-agent one."""
+    try:
+        return vf.environment_class(env, env_id) is not vf.SingleAgentEnv
+    except (ImportError, AttributeError, TypeError, ValueError) as err:
+        raise ValueError(f"verifiers environment {env_id or env!r} could not be loaded: {err}") from None
+
+
 @register("verifiers")
 class Verifiers(Task):
+    """A single-turn taskset; one whose ``Env`` runs its own loop is made a multi-turn task (``__new__``)."""
+
+    def __new__(cls, env: str, *args: Any, **kwargs: Any) -> Verifiers:
+        """``TBA_TASK=verifiers`` is either kind, by what the taskset is: an environment with a loop of its own
+        makes a :class:`~tba.tasks.verifiers_env.VerifiersEnv` (a subclass, so Python then runs its
+        ``__init__`` with the same options)."""
+        target: type[Verifiers] = cls
+        if cls is Verifiers and _runs_own_loop(_library(), env, kwargs.get("env_id", "")):
+            from tba.tasks.verifiers_env import VerifiersEnv
+
+            target = VerifiersEnv
+        return super().__new__(target)
+
     def __init__(
         self,
         env: str,
@@ -52,54 +76,53 @@ class Verifiers(Task):
         self.vf, self.env_id = vf, env
         self.held_out_fraction = check_fraction(held_out_fraction)
         try:
-            if vf.environment_class(env) is not vf.SingleAgentEnv:
-                raise ValueError(f"verifiers environment {env!r} runs its own multi-turn loop: not supported yet")
             rows = self._load(args)
             held = self._load(eval_args) if eval_args is not None else None
         except (ImportError, AttributeError, TypeError) as err:
             raise ValueError(f"verifiers environment {env!r} could not be loaded: {err}") from None
         if held is None:
-            held = [r for r in rows if is_held_out(r[0].text, self.held_out_fraction)]
-            rows = [r for r in rows if not is_held_out(r[0].text, self.held_out_fraction)]
+            held = [r for r in rows if is_held_out(self._user_text(r[1].data), self.held_out_fraction)]
+            rows = [r for r in rows if not is_held_out(self._user_text(r[1].data), self.held_out_fraction)]
         if not rows or not held:
             raise ValueError(f"verifiers environment {env!r}: {len(rows)} training and {len(held)} held-out rows")
-        self._train, self._held = [p for p, _ in rows], [p for p, _ in held]
-        self._tasks = {p.prompt_id: task for p, task in [*rows, *held]}
+        self._train, self._held = rows, held
+        self._tasks = dict([*rows, *held])
 
-    def _load(self, args: dict[str, Any] | None) -> list[tuple[Prompt, Any]]:
-        """The taskset's rows under ``args``: (prompt, its verifiers task)."""
+    def _load(self, args: dict[str, Any] | None) -> list[tuple[str, Any]]:
+        """The taskset's rows under ``args``: (prompt id, its verifiers task)."""
         vf = self.vf
         config_type = vf.taskset_config_type(self.env_id)
         try:
             config = config_type(id=self.env_id, **(args or {}))
         except Exception as err:  # noqa: BLE001 (pydantic's error names the field)
             raise ValueError(f"verifiers environment {self.env_id!r} refused args {args}: {err}") from None
-        out = []
-        for task in vf.load_taskset(config):
-            data = task.data
-            name = data.name or data.id or data.idx
-            out.append((Prompt(f"{self.env_id}/{name}", self._text(data), str(getattr(data, "answer", ""))), task))
-        return out
+        return [(f"{self.env_id}/{t.data.name or t.data.id or t.data.idx}", t) for t in vf.load_taskset(config)]
+
+    def _prompt(self, prompt_id: str, task: Any) -> Prompt:
+        """A row as a prompt in the task's form, made when drawn: the form (``chat``) is set after the task is."""
+        return Prompt(prompt_id, self._text(task.data), str(getattr(task.data, "answer", "")))
+
+    @staticmethod
+    def _user_text(data: Any) -> str:
+        if isinstance(data.prompt, str):
+            return data.prompt
+        return "\n\n".join(str(m.content) for m in data.prompt or [] if getattr(m, "role", "") == "user")
 
     def _text(self, data: Any) -> str:
         """The row's prompt as one user turn: the user text; in chat form after the row's system prompt."""
-        if isinstance(data.prompt, str):
-            user = data.prompt
-        else:
-            user = "\n\n".join(str(m.content) for m in data.prompt or [] if getattr(m, "role", "") == "user")
         if self.chat and data.system_prompt:
-            return f"{data.system_prompt}\n\n{user}"
-        return user
+            return f"{data.system_prompt}\n\n{self._user_text(data)}"
+        return self._user_text(data)
 
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
         rng = random.Random(f"verifiers-{self.env_id}-{seed}")
         while True:
             order = list(self._train)
             rng.shuffle(order)
-            yield from order
+            yield from (self._prompt(*row) for row in order)
 
     def eval_prompts(self, n: int) -> list[Prompt]:
-        return self._held[:n]
+        return [self._prompt(*row) for row in self._held[:n]]
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         return self.rewards(prompt, [completion])[0]
@@ -122,10 +145,15 @@ class Verifiers(Task):
             task=vf.TraceTask(type=type(task).__name__, data=data, key=task.key, hash=task.hash),
             agent=vf.AgentInfo(config=vf.AgentConfig(runtime=vf.SubprocessConfig())),
         )
-        messages = [vf.SystemMessage(content=data.system_prompt)] if data.system_prompt else []
-        messages += [vf.UserMessage(content=data.prompt)] if isinstance(data.prompt, str) else list(data.prompt or [])
-        messages.append(vf.AssistantMessage(content=completion))
+        messages = [*opening_messages(vf, data), vf.AssistantMessage(content=completion)]
         for i, message in enumerate(messages):
             parent = i - 1 if i else None
             trace.nodes.append(vf.MessageNode(parent=parent, message=message, sampled=message is messages[-1]))
         return trace
+
+
+def opening_messages(vf: Any, data: Any) -> list[Any]:
+    """What a row's trace opens with, before the model's first reply: its system prompt and prompt messages."""
+    messages = [vf.SystemMessage(content=data.system_prompt)] if data.system_prompt else []
+    messages += [vf.UserMessage(content=data.prompt)] if isinstance(data.prompt, str) else list(data.prompt or [])
+    return messages

@@ -20,6 +20,7 @@ class SumTask(vf.Task[SumData]):
 class SumConfig(vf.TasksetConfig):
     rows: int = 400
     seed: int = 0
+    system: str | None = None
 
 
 class SumTaskset(vf.Taskset[SumTask, SumConfig]):
@@ -27,7 +28,10 @@ class SumTaskset(vf.Taskset[SumTask, SumConfig]):
         rng = random.Random(self.config.seed)
         for i in range(self.config.rows):
             a, b = rng.randint(10, 99), rng.randint(10, 99)
-            yield SumTask(SumData(name=f"sum-{i}", prompt=f"{a}+{b}=", answer=str(a + b)), self.config.task)
+            yield SumTask(
+                SumData(name=f"sum-{i}", prompt=f"{a}+{b}=", answer=str(a + b), system_prompt=self.config.system),
+                self.config.task,
+            )
 
 
 __all__ = ["SumTaskset"]
