@@ -26,7 +26,6 @@ waits at most ``timeout_s``, and up to ``concurrent_steps`` episodes wait at onc
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import math
@@ -36,6 +35,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from tba.tasks.base import MultiTurnTask, Prompt, Step, check_fraction, is_held_out, register
+from tba.tasks.loop import LoopThread
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install openenv-core==0.3.0 (or pip install -e '.[envs]')"
@@ -56,22 +56,6 @@ class BadAnswer(RuntimeError):
 
 PROMPT_RETRIES = 5  # consecutive failed resets before drawing prompts gives up (the server is down)
 RETRY_PAUSE_S = 0.5  # the first pause between them; it doubles
-
-
-class _Loop:
-    """An asyncio loop on a daemon thread: the synchronous episode runner's calls into async clients."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="openenv-clients", daemon=True).start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"no answer within {timeout:g} s") from None
 
 
 @register("openenv")
@@ -103,14 +87,14 @@ class OpenEnv(MultiTurnTask):
         self.max_turns, self.max_episode_tokens, self.concurrent_steps = max_turns, max_episode_tokens, concurrent_steps
         self.turn_stop = tuple(turn_stop or ())
         self.held_out_fraction = check_fraction(held_out_fraction)
-        self._loop: _Loop | None = None
+        self._loop: LoopThread | None = None
         self._loop_lock = threading.Lock()
 
     # --- the client ---
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         with self._loop_lock:  # one loop for every client: a connection is bound to the loop that opened it
             if self._loop is None:
-                self._loop = _Loop()
+                self._loop = LoopThread("openenv-clients")
         return self._loop.run(coro, self.timeout_s)
 
     def _connect(self) -> Any:

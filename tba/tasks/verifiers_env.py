@@ -40,54 +40,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tba.tasks.base import MultiTurnTask, Prompt, Step
+from tba.tasks.loop import LoopThread
 from tba.tasks.verifiers import Verifiers, opening_messages
 
 log = logging.getLogger(__name__)
-
-
-class _Loop:
-    """An asyncio loop on a daemon thread, where every episode's ``run`` coroutine lives: the episode runner's
-    threads wait on it with a timeout, so an environment that never answers ends its own episode only."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="verifiers-env", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the environment did not answer within {timeout:g} s") from None
-
-    def close(self) -> None:
-        """Cancel what still runs on the loop, then stop it and its thread."""
-        if not self.thread.is_alive():
-            return
-
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                await asyncio.wait(tasks, timeout=5)
-
-        try:
-            self.run(cancel_all(), 10)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            if not self.thread.is_alive():
-                self.loop.close()
 
 
 @dataclass
@@ -153,7 +115,7 @@ class VerifiersEnv(Verifiers, MultiTurnTask):
         self.observation_template, self.timeout_s = observation_template, timeout_s
         self.environment = self._environment(env_id, args, env_args)
         self.label = f"{type(self.environment).__name__} ({self.environment.config.env_id})"
-        self._loop = _Loop()
+        self._loop = LoopThread("verifiers-env")
         try:
             self.seat = self._trained_seat()
         except BaseException:
