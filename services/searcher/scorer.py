@@ -97,6 +97,8 @@ class Scorer:
     def score(self, batch: GeneratedBatch) -> list[ScoredGroup]:
         """Rewards, reference log-probs and the group envelope for every prompt of the batch."""
         flat = [(p, c) for p, group in enumerate(batch.completions) for c in group if self._usable(c)]
+        if not flat:  # every episode of the batch failed (the tokenizer decodes an empty list as one text)
+            return []
         if batch.ref_is_policy:
             # pi_theta is pi_ref here: vLLM's tempered log-probs over the same ids ARE log pi_ref(y|x).
             ref = [c.logprob_sum for _, c in flat]

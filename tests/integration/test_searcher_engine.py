@@ -305,6 +305,51 @@ def test_an_openenv_server_that_fails_ends_episodes_and_the_searcher_goes_on(par
     assert all(s.reward == 1.0 and not s.env_spans for g in groups for s in g.samples)
 
 
+def test_a_verifiers_environment_runs_its_loop_in_the_searcher(
+    parts, redis_server, tmp_path, tiny_model, monkeypatch
+) -> None:
+    """A verifiers ``Env`` with a loop of its own (tests/envs/vf_followup.py: a sum, then a follow-up) played by
+    the real engine: its follow-up reaches the stream as each trajectory's environment span, the reward is the
+    taskset's; the same environment broken after the first answer ends every episode, counted, and the searcher
+    runs all its batches with nothing published."""
+    from tba.model.tokenizer import CHARACTERS
+    from tba.tasks.verifiers_env import VerifiersEnv
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "envs"))
+    engine, _ = parts
+    tokenizer = load_tokenizer(tiny_model)
+    for env_args, published in (({}, True), ({"fail_at": 1}, False)):
+        redis_server.client().flushall()
+        # Every character ends a model turn: the untrained model's episodes all reach the follow-up.
+        options = {"env": "vf-followup", "env_args": env_args, "turn_stop": list(CHARACTERS), "max_episode_tokens": 24}
+        task = make_task("verifiers", options)
+        assert isinstance(task, VerifiersEnv)
+        settings = settings_for(
+            tiny_model, tmp_path / str(published), redis_server.url, prompts_per_batch=3, max_batches=2
+        )
+        searcher = Searcher(settings, engine, Scorer(settings, task, settings.searcher_id))
+        try:
+            assert searcher.run() == 0
+            status = searcher.status()
+        finally:
+            searcher.close()
+            task.close()
+        episodes = 2 * 3 * settings.completions_per_prompt
+        assert status["batches"] == 2 and status["episodes"] == episodes
+        groups = read_stream(redis_server)
+        if not published:
+            assert not groups and status["episode_failures"] == {"step": episodes}
+            continue
+        assert status["episode_failures"] == {} and status["episode_turns"] == 2 * episodes
+        assert sum(len(g.samples) for g in groups) == episodes
+        for g in groups:
+            (addend,) = task._tasks[g.prompt_id].data.addends
+            for sample in g.samples:
+                ((start, end),) = sample.env_spans
+                assert tokenizer.decode(sample.completion_ids[start:end]) == f";+{addend}="
+                assert sample.reward in (0.0, 0.5, 1.0)
+
+
 def test_loop_publishes_scored_groups(parts, redis_server, tmp_path: Path, tiny_model: Path) -> None:
     engine, scorer = parts
     settings = settings_for(tiny_model, tmp_path, redis_server.url, max_batches=2, prompts_per_batch=3)
