@@ -10,7 +10,7 @@ from tba.tasks import (  # noqa: F401  (register the tasks)
     redteam,
     reward_model,
     sums,
-    verifiers,
+    verifiers_env,
 )
 from tba.tasks.base import MultiTurnTask, Prompt, Step, Task, make_task, task_class, task_names
 

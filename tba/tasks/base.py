@@ -21,7 +21,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 
 @dataclass(frozen=True)
@@ -135,13 +135,18 @@ def draw_distinct(draw: Callable[[], Prompt | None], n: int, max_draws: int) -> 
 
 
 _REGISTRY: dict[str, Callable[..., Task]] = {}
+M = TypeVar("M", bound=Callable[..., Task])
 
 
-def register(name: str) -> Callable[[type[Task]], type[Task]]:
-    def wrap(cls: type[Task]) -> type[Task]:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+def register(name: str) -> Callable[[M], M]:
+    """Register a task class under ``name``; or a function that makes one of several classes by its options
+    (each class then names itself)."""
+
+    def wrap(make: M) -> M:
+        if isinstance(make, type) and issubclass(make, Task):
+            make.name = name
+        _REGISTRY[name] = make
+        return make
 
     return wrap
 

@@ -16,7 +16,7 @@ completion as the assistant's sampled reply) and the task's ``score`` runs its `
 positive reward.
 
 A taskset whose environment runs its own loop (it exports an ``Env`` subclass, or ``env_id`` pairs it with
-one, verifiers' ``--env.id``) is a multi-turn task instead: ``Verifiers(...)`` makes a
+one, verifiers' ``--env.id``) is a multi-turn task instead: ``TBA_TASK=verifiers`` makes a
 :class:`~tba.tasks.verifiers_env.VerifiersEnv`, which runs that ``Env``'s ``run`` in the searcher with the
 model's turns as the trained seat's (tba/tasks/verifiers_env.py).
 """
@@ -28,12 +28,12 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from tba.tasks.base import Prompt, Task, check_fraction, is_held_out, register
+from tba.tasks.base import Prompt, Task, check_fraction, is_held_out
 
 INSTALL = "pip install verifiers==0.4.0 (or pip install -e '.[envs]')"
 
 
-def _library() -> Any:
+def library() -> Any:
     try:
         import verifiers.v1 as vf
     except ImportError:
@@ -41,7 +41,7 @@ def _library() -> Any:
     return vf
 
 
-def _runs_own_loop(vf: Any, env: str, env_id: str) -> bool:
+def runs_own_loop(vf: Any, env: str, env_id: str) -> bool:
     """Whether the taskset's environment (its own ``Env``, or the one ``env_id`` pairs it with) is other than
     the plain single-agent one."""
     try:
@@ -50,20 +50,11 @@ def _runs_own_loop(vf: Any, env: str, env_id: str) -> bool:
         raise ValueError(f"verifiers environment {env_id or env!r} could not be loaded: {err}") from None
 
 
-@register("verifiers")
 class Verifiers(Task):
-    """A single-turn taskset; one whose ``Env`` runs its own loop is made a multi-turn task (``__new__``)."""
+    """A single-turn taskset (``TBA_TASK=verifiers`` makes one whose ``Env`` runs its own loop a
+    :class:`~tba.tasks.verifiers_env.VerifiersEnv` instead: :func:`~tba.tasks.verifiers_env.verifiers_task`)."""
 
-    def __new__(cls, env: str, *args: Any, **kwargs: Any) -> Verifiers:
-        """``TBA_TASK=verifiers`` is either kind, by what the taskset is: an environment with a loop of its own
-        makes a :class:`~tba.tasks.verifiers_env.VerifiersEnv` (a subclass, so Python then runs its
-        ``__init__`` with the same options)."""
-        target: type[Verifiers] = cls
-        if cls is Verifiers and _runs_own_loop(_library(), env, kwargs.get("env_id", "")):
-            from tba.tasks.verifiers_env import VerifiersEnv
-
-            target = VerifiersEnv
-        return super().__new__(target)
+    name = "verifiers"
 
     def __init__(
         self,
@@ -72,7 +63,7 @@ class Verifiers(Task):
         eval_args: dict[str, Any] | None = None,
         held_out_fraction: float = 0.1,
     ) -> None:
-        vf = _library()
+        vf = library()
         self.vf, self.env_id = vf, env
         self.held_out_fraction = check_fraction(held_out_fraction)
         try:

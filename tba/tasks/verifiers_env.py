@@ -45,9 +45,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tba.tasks.base import MultiTurnTask, Prompt, Step
+from tba.tasks.base import MultiTurnTask, Prompt, Step, register
 from tba.tasks.loop import LoopThread
-from tba.tasks.verifiers import Verifiers, opening_messages
+from tba.tasks.verifiers import Verifiers, library, opening_messages, runs_own_loop
 
 log = logging.getLogger(__name__)
 
@@ -418,3 +418,13 @@ class _Exchange:
                     self.fail(err)
             self.trace.is_completed, self.trace.ok = True, not self.failed
         return self.trace
+
+
+def verifiers_task(env: str, **options: Any) -> Verifiers:
+    """``TBA_TASK=verifiers``: either kind, by what the taskset is: a single-turn :class:`Verifiers`, or a
+    :class:`VerifiersEnv` where its environment runs a loop of its own (``env_id`` may pair it with one)."""
+    kind = VerifiersEnv if runs_own_loop(library(), env, options.get("env_id", "")) else Verifiers
+    return kind(env, **options)
+
+
+register("verifiers")(verifiers_task)
