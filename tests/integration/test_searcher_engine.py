@@ -239,6 +239,16 @@ class DigitTalk(MultiTurnTask):
         return 0.0
 
 
+def run_to_the_end(settings: SearcherSettings, engine: Engine, task) -> dict:
+    """A searcher of ``task`` on the shared engine, run through its batches; its last status."""
+    searcher = Searcher(settings, engine, Scorer(settings, task, settings.searcher_id))
+    try:
+        assert searcher.run() == 0
+        return searcher.status()
+    finally:
+        searcher.close()
+
+
 def test_multi_turn_log_probs_sum_the_models_tokens_only(parts, redis_server, tmp_path, tiny_model) -> None:
     """Episodes through the whole searcher loop (a generate call per turn, the environment's answer in the
     context): the stream carries each trajectory with its environment span, and both log-probs, vLLM's
@@ -248,12 +258,7 @@ def test_multi_turn_log_probs_sum_the_models_tokens_only(parts, redis_server, tm
     settings = settings_for(
         tiny_model, tmp_path, redis_server.url, prompts_per_batch=3, max_batches=2, ref_reuse_at_base=False
     )
-    searcher = Searcher(settings, engine, Scorer(settings, DigitTalk(), settings.searcher_id))
-    try:
-        assert searcher.run() == 0
-        status = searcher.status()
-    finally:
-        searcher.close()
+    status = run_to_the_end(settings, engine, DigitTalk())
     samples = [(g.prompt_ids, s) for g in read_stream(redis_server) for s in g.samples]
     two_turns = [s for _, s in samples if s.env_spans]
     assert len(samples) == 24 and len(two_turns) >= 4, "too few episodes reached a second turn"
@@ -287,12 +292,7 @@ def test_an_openenv_server_that_fails_ends_episodes_and_the_searcher_goes_on(par
     try:
         task = make_task("openenv", {"url": url, "timeout_s": 1.0, "max_turns": 2, "max_episode_tokens": 32})
         settings = settings_for(tiny_model, tmp_path, redis_server.url, prompts_per_batch=4, max_batches=2)
-        searcher = Searcher(settings, engine, Scorer(settings, task, settings.searcher_id))
-        try:
-            assert searcher.run() == 0
-            status = searcher.status()
-        finally:
-            searcher.close()
+        status = run_to_the_end(settings, engine, task)
     finally:
         proc.kill()
         proc.wait()
@@ -327,12 +327,9 @@ def test_a_verifiers_environment_runs_its_loop_in_the_searcher(
         settings = settings_for(
             tiny_model, tmp_path / str(published), redis_server.url, prompts_per_batch=3, max_batches=2
         )
-        searcher = Searcher(settings, engine, Scorer(settings, task, settings.searcher_id))
         try:
-            assert searcher.run() == 0
-            status = searcher.status()
+            status = run_to_the_end(settings, engine, task)
         finally:
-            searcher.close()
             task.close()
         episodes = 2 * 3 * settings.completions_per_prompt
         assert status["batches"] == 2 and status["episodes"] == episodes
