@@ -34,8 +34,8 @@ import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
-from tba.tasks.base import MultiTurnTask, Prompt, Step, check_fraction, is_held_out, register
-from tba.tasks.loop import LoopThread
+from tba.tasks.base import Prompt, Step, check_fraction, is_held_out, register
+from tba.tasks.loop import AsyncEnvironmentTask, LoopThread
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install openenv-core==0.3.0 (or pip install -e '.[envs]')"
@@ -59,7 +59,7 @@ RETRY_PAUSE_S = 0.5  # the first pause between them; it doubles
 
 
 @register("openenv")
-class OpenEnv(MultiTurnTask):
+class OpenEnv(AsyncEnvironmentTask):
     def __init__(
         self,
         url: str,
@@ -75,17 +75,11 @@ class OpenEnv(MultiTurnTask):
     ) -> None:
         if not url.startswith(("http://", "https://", "ws://", "wss://")):
             raise ValueError(f"url must be the server's http(s):// or ws(s):// address, got {url!r}")
-        if not (math.isfinite(timeout_s) and 0 < timeout_s <= 3600):
-            raise ValueError(f"timeout_s must be in (0, 3600], got {timeout_s}")
-        if max_turns < 1 or max_episode_tokens < 1 or not 1 <= concurrent_steps <= 4096:
-            raise ValueError("max_turns and max_episode_tokens must be at least 1, concurrent_steps in [1, 4096]")
-        if "{observation}" not in observation_template:
-            raise ValueError("observation_template must hold {observation}")
+        self.set_episode_options(
+            observation_template, max_turns, max_episode_tokens, turn_stop, timeout_s, concurrent_steps
+        )
         self.client_class = _client_class()
         self.url, self.action_field, self.observation_field = url, action_field, observation_field
-        self.observation_template, self.timeout_s = observation_template, timeout_s
-        self.max_turns, self.max_episode_tokens, self.concurrent_steps = max_turns, max_episode_tokens, concurrent_steps
-        self.turn_stop = tuple(turn_stop or ())
         self.held_out_fraction = check_fraction(held_out_fraction)
         self._loop: LoopThread | None = None
         self._loop_lock = threading.Lock()

@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tba.tasks.base import MultiTurnTask, Prompt, Step, register
-from tba.tasks.loop import LoopThread
+from tba.tasks.base import Prompt, Step, register
+from tba.tasks.loop import AsyncEnvironmentTask, LoopThread
 from tba.tasks.verifiers import Verifiers, library, opening_messages, runs_own_loop
 
 log = logging.getLogger(__name__)
@@ -85,15 +84,12 @@ class _Episode:
         return await reply
 
 
-class VerifiersEnv(Verifiers, MultiTurnTask):
+class VerifiersEnv(Verifiers, AsyncEnvironmentTask):
     """A verifiers taskset whose ``Env`` runs its own loop, played in the searcher (module docstring)."""
 
     def __init__(
         self,
         env: str,
-        args: dict[str, Any] | None = None,
-        eval_args: dict[str, Any] | None = None,
-        held_out_fraction: float = 0.1,
         env_id: str = "",
         env_args: dict[str, Any] | None = None,
         max_turns: int = 4,
@@ -102,18 +98,15 @@ class VerifiersEnv(Verifiers, MultiTurnTask):
         observation_template: str = "{observation}",
         timeout_s: float = 60.0,
         concurrent_steps: int = 64,
+        **taskset: Any,
     ) -> None:
-        if max_turns < 1 or max_episode_tokens < 1 or not 1 <= concurrent_steps <= 4096:
-            raise ValueError("max_turns and max_episode_tokens must be at least 1, concurrent_steps in [1, 4096]")
-        if not (math.isfinite(timeout_s) and 0 < timeout_s <= 3600):
-            raise ValueError(f"timeout_s must be in (0, 3600], got {timeout_s}")
-        if "{observation}" not in observation_template:
-            raise ValueError("observation_template must hold {observation}")
-        super().__init__(env, args, eval_args, held_out_fraction)
-        self.max_turns, self.max_episode_tokens, self.concurrent_steps = max_turns, max_episode_tokens, concurrent_steps
-        self.turn_stop = tuple(turn_stop or ())
-        self.observation_template, self.timeout_s = observation_template, timeout_s
-        self.environment = self._environment(env_id, args, env_args)
+        """``taskset``: the options of the taskset, as a single-turn one takes them (``args``, ``eval_args``,
+        ``held_out_fraction``)."""
+        self.set_episode_options(
+            observation_template, max_turns, max_episode_tokens, turn_stop, timeout_s, concurrent_steps
+        )
+        super().__init__(env, **taskset)
+        self.environment = self._environment(env_id, taskset.get("args"), env_args)
         self.label = f"{type(self.environment).__name__} ({self.environment.config.env_id})"
         self._loop = LoopThread("verifiers-env")
         try:
