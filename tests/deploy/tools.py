@@ -24,7 +24,14 @@ COMPOSE_FILES = {
     "cpu": ["docker-compose.yml", "docker-compose.cpu.yml"],
     "gpus": ["docker-compose.yml", "docker-compose.gpus.yml"],
     "trainer-gpus": ["docker-compose.yml", "docker-compose.trainer-gpus.yml"],
-    "smoke": ["docker-compose.yml", "docker-compose.cpu.yml", "tests/deploy/compose.smoke.yml"],
+    "openenv": ["docker-compose.yml", "docker-compose.openenv.yml"],
+    "openenv-cpu": ["docker-compose.yml", "docker-compose.cpu.yml", "docker-compose.openenv.yml"],
+    "smoke": [
+        "docker-compose.yml",
+        "docker-compose.cpu.yml",
+        "docker-compose.openenv.yml",
+        "tests/deploy/compose.smoke.yml",
+    ],
 }
 OVERLAYS = ["gpu", "cpu-dev"]
 DOCKERFILES = sorted(ROOT.glob("services/*/Dockerfile")) + [ROOT / "scripts/docker/redis.Dockerfile"]

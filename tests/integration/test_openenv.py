@@ -4,6 +4,9 @@ the protocol by hand). Turns are scripted; the real engine plays them in tests/i
 
 from __future__ import annotations
 
+import argparse
+import os
+import re
 import subprocess
 import sys
 import time
@@ -33,20 +36,20 @@ def wait_ready(proc: subprocess.Popen, ready) -> None:
     raise TimeoutError("the server did not come up within 60 s")
 
 
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @pytest.fixture
 def envserver() -> Iterator[str]:
     """``tba envserver``: the calculator as an OpenEnv server."""
     port = free_port()
     proc = subprocess.Popen(tba_command("envserver", task="calculator", port=port), stderr=subprocess.PIPE, text=True)
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_ready(proc, healthy)
+        wait_ready(proc, lambda: _healthy(f"http://127.0.0.1:{port}"))
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
@@ -138,3 +141,38 @@ def test_bad_options_are_clear_errors() -> None:
         make_task("openenv", {"url": "http://x", "timeout_s": 0})
     with pytest.raises(ValueError, match="bad options for task 'openenv'"):
         make_task("openenv", {})
+
+
+def test_envserver_takes_its_address_from_the_environment() -> None:
+    """``tba envserver`` as its image runs it: TBA_HOST and TBA_PORT give the address, empty task options are
+    none."""
+    port = free_port()
+    env = {**os.environ, "TBA_HOST": "127.0.0.1", "TBA_PORT": str(port)}
+    proc = subprocess.Popen(tba_command("envserver", task_options=""), env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(proc, lambda: _healthy(f"http://127.0.0.1:{port}"))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--port", "0"], {}, "--port / TBA_PORT must be in [1, 65535], got '0'"),
+        ([], {"TBA_PORT": "http"}, "got 'http'"),
+        (["--max-sessions", "0"], {}, "--max-sessions must be in [1, 100000], got 0"),
+        (["--task-options", "[1]"], {}, "--task-options must be a JSON object"),
+        (["--task-options", "{"], {}, "--task-options is not JSON"),
+        (["--task", "arithmetic"], {}, "'arithmetic' is single-turn"),
+    ],
+)
+def test_envserver_names_a_bad_value(argv: list[str], env: dict[str, str], message: str, monkeypatch) -> None:
+    from services.envserver import cli
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        cli.main(parser.parse_args(argv))
