@@ -7,7 +7,7 @@
 #   - both searchers' groups (buffer GET /v1/stats "searcher_versions") carry a
 #     version > 0, i.e. one they hot-reloaded,
 #   - both searchers played episodes against the environment server (their
-#     tba_searcher_episodes_total),
+#     tba_searcher_episodes_total), and its log holds no traceback,
 #   - `docker compose down` leaves no container, network or volume of the run.
 # Traffic stays on this machine: the Compose network of the run, and the buffer
 # published on an ephemeral 127.0.0.1 port.
@@ -143,6 +143,11 @@ echo "smoke: episodes per searcher: ${episodes[*]}"
 for n in "${episodes[@]}"; do
     [ "$n" -gt 0 ] || { echo "smoke: a searcher played no episode against the environment server" >&2; exit 1; }
 done
+# Episodes end with the client's close: the server's log stays free of tracebacks.
+if "${COMPOSE[@]}" logs --no-color envserver 2>&1 | grep -q Traceback; then
+    "${COMPOSE[@]}" logs --no-color envserver 2>&1 | grep -m1 -B2 -A30 Traceback >&2
+    echo "smoke: the environment server logged a traceback" >&2; exit 1
+fi
 
 # Health of every long-running service, as Docker sees it.
 "${COMPOSE[@]}" ps --format '{{.Service}} {{.State}} {{.Health}}' | sort >"$LOG_DIR/health.txt"

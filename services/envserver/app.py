@@ -11,6 +11,7 @@ client's to enforce, as they are for any OpenEnv server.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from uuid import uuid4
 
@@ -67,3 +68,22 @@ def create_app(task_name: str, options: dict[str, Any] | None = None, max_sessio
                 self._prompt = self._episode = None
 
     return create_fastapi_app(TaskEnvironment, TextAction, TextObservation, max_concurrent_envs=max_sessions)
+
+
+ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
+
+
+def quiet_disconnects(app: ASGIApp) -> ASGIApp:
+    """``app`` without a traceback per episode: OpenEnv's client sends ``close`` and hangs up at once, and the
+    server's own close frame then finds the connection gone (starlette's ``WebSocketDisconnect``, uncaught in
+    OpenEnv's ``/ws`` handler). The session is over either way; any other failure still propagates."""
+    from starlette.websockets import WebSocketDisconnect
+
+    async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        except WebSocketDisconnect:
+            if scope["type"] != "websocket":
+                raise
+
+    return wrapped

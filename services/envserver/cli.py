@@ -12,17 +12,13 @@ HELP = "Serve a multi-turn task (the calculator, or package.module:Class) as an 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="calculator", help="A multi-turn task (default: calculator).")
-    parser.add_argument(
-        "--task-options", default="{}", help='Its options as JSON, e.g. {"digits": 2} (empty: none).'
-    )
+    parser.add_argument("--task-options", default="{}", help='Its options as JSON, e.g. {"digits": 2} (empty: none).')
     parser.add_argument(
         "--host",
         default=os.environ.get("TBA_HOST", "127.0.0.1"),
         help="Address to listen on (env TBA_HOST; default 127.0.0.1).",
     )
-    parser.add_argument(
-        "--port", default=os.environ.get("TBA_PORT", "8010"), help="Port (env TBA_PORT; default 8010)."
-    )
+    parser.add_argument("--port", default=os.environ.get("TBA_PORT", "8010"), help="Port (env TBA_PORT; default 8010).")
     parser.add_argument(
         "--max-sessions", type=int, default=256, help="Episodes at once (a batch's P x S, at least; default 256)."
     )
@@ -43,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from services.envserver.app import create_app
+    from services.envserver.app import create_app, quiet_disconnects
 
     try:
         app = create_app(args.task, options, args.max_sessions)
@@ -51,5 +47,5 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"tba envserver: {err}; {INSTALL}") from None
     except ValueError as err:
         raise SystemExit(f"tba envserver: {err}") from None
-    uvicorn.run(app, host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(quiet_disconnects(app), host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
