@@ -35,6 +35,7 @@ class Arm:
     searchers: int = 1
     trainer_cpus: str | None = None  # tba up --trainer-cpus
     searcher_cpus: str | None = None  # tba up --searcher-cpus
+    placement: str = "shared"  # tba up --placement, where no CPU list is given
     base_model: str | None = None  # tba up --base-model (default: the task's own SFT base)
     env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
     eval_every: float | None = None  # tba up --eval-every (default: its own, 30 s)
@@ -56,6 +57,7 @@ class Arm:
             base_model=self.base_model,
             trainer_cpus=self.trainer_cpus,
             searcher_cpus=self.searcher_cpus,
+            placement=self.placement,
             eval_every=self.eval_every,
         )
 

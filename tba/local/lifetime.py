@@ -120,9 +120,13 @@ def _kill(pgid: int, spare: set[int], wait: float = 2.0) -> dict[int, str]:
         time.sleep(0.02)
 
 
-def guard_command(argv: list[str], name: str, grace: float, cpus: list[int] | None = None) -> list[str]:
-    """The command that runs ``argv`` under a guard whose parent is this process (on ``cpus`` if given)."""
+def guard_command(
+    argv: list[str], name: str, grace: float, cpus: list[int] | None = None, nice: int = 0
+) -> list[str]:
+    """The command that runs ``argv`` under a guard whose parent is this process (on ``cpus`` and at ``nice``
+    if given)."""
     where = ["--cpus", ",".join(map(str, cpus))] if cpus else []
+    where += ["--nice", str(nice)] if nice else []
     return [
         sys.executable,
         "-m",
@@ -209,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cpus", default=None, help="Run the service and everything it starts on these CPUs (e.g. 0 or 1-3)."
     )
+    parser.add_argument(
+        "--nice", type=int, default=0, help="Run the service and everything it starts this much nicer (0-19)."
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the service's command.")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -219,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
             os.sched_setaffinity(0, parse_cpu_list(args.cpus, "--cpus"))
         except (ValueError, OSError) as err:
             parser.error(f"--cpus {args.cpus!r}: {err}")
+    if not 0 <= args.nice <= 19:
+        parser.error(f"--nice must be in [0, 19], got {args.nice}")
+    os.nice(args.nice)  # inherited, as the CPUs are
     guard(command, args.name, args.parent, args.grace)
 
 

@@ -46,6 +46,7 @@ class Child:
     restart: bool = True
     grace: float = GRACE_SECONDS
     cpus: list[int] | None = None  # CPU placement of the child and all it starts (None: anywhere)
+    nice: int = 0  # how much nicer the child and all it starts run than this process
     proc: subprocess.Popen | None = None
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
@@ -56,7 +57,7 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            guard_command(self.argv, self.name, self.grace, self.cpus),
+            guard_command(self.argv, self.name, self.grace, self.cpus, self.nice),
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,

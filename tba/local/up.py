@@ -44,7 +44,13 @@ SUMMARY_EVERY_SECONDS = 10.0  # how often the running summary is rewritten
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--searchers", type=int, default=2, help="Number of searcher processes (default 2).")
+    parser.add_argument(
+        "--searchers",
+        type=int,
+        default=None,
+        help="Number of searcher processes (default: one per core of search, at most 2, with --placement split; "
+        "2 otherwise).",
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="Wall-clock budget in minutes (default 10).")
     parser.add_argument("--max-steps", type=int, default=None, help="Stop after this many trainer steps.")
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default runs/<timestamp>).")
@@ -70,6 +76,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("TBA_TRAINER_PROCS", "1"),
         help="Trainer processes: more than 1 runs the trainer as that many FSDP2 ranks under torchrun "
         "(env TBA_TRAINER_PROCS; default 1).",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=["split", "shared"],
+        default=os.environ.get("TBA_PLACEMENT", "split"),
+        help="Where search and training run when no CPU list is given (env TBA_PLACEMENT): split (default) gives "
+        "the trainer the last half of the CPUs and the searchers and evaluations the rest, as separate GPUs "
+        "would (a trainer on the CPU, one process, 2 CPUs or more); shared lets every process use every "
+        "core, the searchers paced to one batch per policy version.",
+    )
+    parser.add_argument(
+        "--backfill",
+        type=int,
+        default=0,
+        help="With search and training on separate cores: this many more searchers on the trainer's cores at "
+        "the lowest priority (nice 19), generating only while the trainer waits (default 0).",
     )
     parser.add_argument(
         "--trainer-cpus",
@@ -155,8 +177,10 @@ def check_args(args: argparse.Namespace) -> None:
     from tba.settings import SearcherSettings, TrainerSettings, load_settings
     from tba.tasks import make_task
 
-    if args.searchers < 1:
+    if args.searchers is not None and args.searchers < 1:
         raise UsageError(f"--searchers must be at least 1, got {args.searchers}")
+    if args.placement not in ("split", "shared"):  # TBA_PLACEMENT reaches the flag's default unchecked
+        raise UsageError(f"--placement / TBA_PLACEMENT must be split or shared, got {args.placement!r}")
     if args.wandb not in ("off", "offline", "online"):  # TBA_WANDB reaches the flag's default unchecked
         raise UsageError(f"--wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}")
     if args.wandb != "off" and importlib.util.find_spec("wandb") is None:
@@ -188,6 +212,11 @@ def check_args(args: argparse.Namespace) -> None:
         args.searcher_cpus = _placement(args.searcher_cpus, "--searcher-cpus")
     except ValueError as err:
         raise UsageError(str(err)) from None
+    on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
+    if args.placement == "split" and on_cpu and args.trainer_cpus is None and args.searcher_cpus is None:
+        args.searcher_cpus, args.trainer_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
+    if args.searchers is None:
+        args.searchers = min(2, len(args.searcher_cpus)) if separate_cores(args) else 2
     if args.base_model is not None:
         from tba.model.importer import ModelImportError, resolve_model
 
@@ -246,6 +275,22 @@ def main(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     return LocalRun(args, run_dir.resolve()).run()
+
+
+def split_cpus(cpus: list[int]) -> tuple[list[int] | None, list[int] | None]:
+    """``--placement split``: (the searchers' CPUs, the trainer's), the trainer on the last half; on one CPU
+    there is nothing to split (None, None: anywhere). The measured best on a CPU: search and training on
+    cores of their own reach every accuracy target sooner than on shared ones (docs/results/decoupling.md)."""
+    if len(cpus) < 2:
+        return None, None
+    half = len(cpus) - len(cpus) // 2
+    return cpus[:half], cpus[half:]
+
+
+def separate_cores(args: argparse.Namespace) -> bool:
+    """Search and training placed on disjoint CPUs."""
+    a, b = args.searcher_cpus, args.trainer_cpus
+    return bool(a and b and not set(a) & set(b))
 
 
 def _placement(text: str | None, flag: str) -> list[int] | None:
@@ -383,8 +428,12 @@ class LocalRun:
                 "trainer", tba_command("trainer"), trainer_env, self.logs / "trainer.log", cpus=self.args.trainer_cpus
             )
         )
-        for i in range(self.args.searchers):
+        backfill = self.args.backfill if separate_cores(self.args) else 0
+        for i in range(self.args.searchers + backfill):
             name, port = f"searcher-{i}", free_port()
+            # Past --searchers: backfill searchers on the trainer's cores at the lowest priority, which
+            # generate only while the trainer waits.
+            cpus = self.args.searcher_cpus if i < self.args.searchers else self.args.trainer_cpus
             status_urls[name] = f"http://127.0.0.1:{port}"
             s_env = {
                 **env,
@@ -397,17 +446,18 @@ class LocalRun:
             # it at a few versions on a CPU core (docs/results/decoupling.md).
             s_env.setdefault("TBA_PROMPTS_PER_BATCH", "8")
             s_env.setdefault("TBA_REF_NICE", "0")
-            if not self._separate_cores():
+            if not separate_cores(self.args):
                 # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
                 # its cycles (and fills the buffer with duplicates). One batch per policy version each. On
                 # cores of their own, searchers run free, as in the paper.
                 s_env.setdefault("TBA_MAX_BATCHES_PER_VERSION", "1")
             # vLLM's CPU build pins every engine to the same core by default; spread them instead (over
             # --searcher-cpus when given).
-            cpus = self.args.searcher_cpus or list(range(os.cpu_count() or 1))
-            s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[i % len(cpus)]))
+            spread = cpus or list(range(os.cpu_count() or 1))
+            s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(spread[i % len(spread)]))
+            nice = 0 if i < self.args.searchers else 19
             self.sup.add(
-                Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=self.args.searcher_cpus)
+                Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=cpus, nice=nice)
             )
         return buffer_url, status_urls
 
@@ -428,11 +478,6 @@ class LocalRun:
             "TBA_WANDB_GROUP": self.run_dir.name,
             "TBA_WANDB_DIR": str(self.run_dir),
         }
-
-    def _separate_cores(self) -> bool:
-        """Search and training placed on disjoint CPUs (--searcher-cpus, --trainer-cpus)."""
-        a, b = self.args.searcher_cpus, self.args.trainer_cpus
-        return bool(a and b and not set(a) & set(b))
 
     def _subscribe_versions(self, redis_url: str, observer) -> None:
         """Record every checkpoint announcement, as the searchers see them."""

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from tba.local.up import UsageError, add_arguments, check_args
+from tba.local.up import UsageError, add_arguments, check_args, split_cpus
 from tba.settings import SettingsError
 
 
@@ -23,6 +23,7 @@ def parse(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str] 
     ("argv", "env", "error", "says"),
     [
         (["--searchers", "0"], {}, UsageError, "--searchers must be at least 1, got 0"),
+        ([], {"TBA_PLACEMENT": "apart"}, UsageError, "TBA_PLACEMENT must be split or shared, got 'apart'"),
         ([], {"TBA_WANDB": "sometimes"}, UsageError, "TBA_WANDB must be off, offline or online, got 'sometimes'"),
         (["--task", "chess"], {}, UsageError, "--task: unknown task 'chess'"),
         ([], {"TBA_TASK_OPTIONS": '{"digits": 9}'}, UsageError, "digits must be between 1 and 6, got 9"),
@@ -51,3 +52,36 @@ def test_good_values_resolve(monkeypatch) -> None:
     check_args(args)
     assert args.trainer_procs == 2 and args.searcher_cpus == [0] and args.trainer_cpus is None
     assert args.searcher_settings.task_options == {"digits": 3}
+
+
+def test_split_gives_the_trainer_the_last_half() -> None:
+    assert split_cpus([0, 1]) == ([0], [1])
+    assert split_cpus([0, 1, 2]) == ([0, 1], [2])
+    assert split_cpus([2, 3, 4, 5]) == ([2, 3], [4, 5])
+    assert split_cpus([0]) == (None, None), "one CPU: nothing to split"
+
+
+@pytest.mark.parametrize(
+    ("allowed", "argv", "env", "searcher_cpus", "trainer_cpus", "searchers"),
+    [
+        # The default: search and training on cores of their own, one searcher per core of search (at most 2).
+        ({0, 1}, [], {}, [0], [1], 1),
+        ({0, 1, 2, 3}, [], {}, [0, 1], [2, 3], 2),
+        ({0, 1, 2, 3, 4, 5, 6, 7}, [], {}, [0, 1, 2, 3], [4, 5, 6, 7], 2),
+        ({0, 1}, ["--searchers", "3"], {}, [0], [1], 3),
+        ({0}, [], {}, None, None, 2),  # one CPU: shared
+        # Shared, asked for or implied: every process anywhere, two searchers.
+        ({0, 1}, ["--placement", "shared"], {}, None, None, 2),
+        ({0, 1}, [], {"TBA_PLACEMENT": "shared"}, None, None, 2),
+        ({0, 1}, ["--trainer-procs", "2"], {}, None, None, 2),  # FSDP ranks share the machine
+        ({0, 1}, [], {"TBA_DEVICE": "cuda"}, None, None, 2),  # a GPU trainer needs no core of its own
+        # A CPU list given is the placement.
+        ({0, 1}, ["--searcher-cpus", "1"], {}, [1], None, 2),
+        ({0, 1, 2}, ["--searcher-cpus", "0", "--trainer-cpus", "1-2"], {}, [0], [1, 2], 1),
+    ],
+)
+def test_placement_defaults(monkeypatch, allowed, argv, env, searcher_cpus, trainer_cpus, searchers) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(allowed))
+    args = parse(monkeypatch, argv, env)
+    check_args(args)
+    assert (args.searcher_cpus, args.trainer_cpus, args.searchers) == (searcher_cpus, trainer_cpus, searchers)
