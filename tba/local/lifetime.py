@@ -29,6 +29,7 @@ stops its service, but cannot see the rest of its group.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import signal
@@ -228,7 +229,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--cpus {args.cpus!r}: {err}")
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in [0, 19], got {args.nice}")
-    os.nice(args.nice)  # inherited, as the CPUs are
+    if args.nice:
+        os.nice(args.nice)  # inherited, as the CPUs are
+        # The guard leads a session of its own, which Linux schedules as one group (autogroup) against the
+        # others: nice counts only inside a group, so the group itself is made as nice.
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(args.nice))
     guard(command, args.name, args.parent, args.grace)
 
 

@@ -217,6 +217,13 @@ def check_args(args: argparse.Namespace) -> None:
         args.searcher_cpus, args.trainer_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
     if args.searchers is None:
         args.searchers = min(2, len(args.searcher_cpus)) if separate_cores(args) else 2
+    if not 0 <= args.backfill <= 8:
+        raise UsageError(f"--backfill must be in [0, 8], got {args.backfill}")
+    if args.backfill and not separate_cores(args):
+        raise UsageError(
+            "--backfill puts searchers on the trainer's cores: it needs search and training on cores of their own "
+            "(--placement split, or --searcher-cpus and --trainer-cpus)"
+        )
     if args.base_model is not None:
         from tba.model.importer import ModelImportError, resolve_model
 
@@ -329,7 +336,8 @@ class LocalRun:
         self.base_model: Path | None = None
         self.endpoints: dict[str, str] = {}  # service name -> its address, for the running summary
         self.tracker: Tracker | None = None  # the evaluations' TensorBoard events (and W&B run)
-        self.title = f"TBA  {args.task}  {args.mode} {args.loss}  {args.searchers} searcher(s)  {run_dir}"
+        searchers = f"{args.searchers} searcher(s)" + (f" + {args.backfill} backfill" if args.backfill else "")
+        self.title = f"TBA  {args.task}  {args.mode} {args.loss}  {searchers}  {run_dir}"
 
     # --- start-up -------------------------------------------------------
     def _base_env(self, base_model: Path, redis_url: str) -> dict[str, str]:
@@ -428,8 +436,7 @@ class LocalRun:
                 "trainer", tba_command("trainer"), trainer_env, self.logs / "trainer.log", cpus=self.args.trainer_cpus
             )
         )
-        backfill = self.args.backfill if separate_cores(self.args) else 0
-        for i in range(self.args.searchers + backfill):
+        for i in range(self.args.searchers + self.args.backfill):
             name, port = f"searcher-{i}", free_port()
             # Past --searchers: backfill searchers on the trainer's cores at the lowest priority, which
             # generate only while the trainer waits.
@@ -591,6 +598,7 @@ class LocalRun:
                 "mode": self.args.mode,
                 "loss": self.args.loss,
                 "searchers": self.args.searchers,
+                "backfill": self.args.backfill,
                 "seed": self.args.seed,
             },
         )
@@ -645,7 +653,7 @@ class LocalRun:
             a.task,
             a.mode,
             a.loss,
-            a.searchers,
+            a.searchers + a.backfill,
             self.t0,
             self.evals,
             {c.name: c.restarts for c in self.sup.children if c.restarts},

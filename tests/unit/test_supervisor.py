@@ -147,6 +147,27 @@ def test_a_child_placed_on_cpus_runs_there_with_everything_it_starts(tmp_path: P
     assert log.read_text().split() == [f"[{cpu}]", f"[{cpu}]"]
 
 
+def test_a_nicer_child_runs_so_with_everything_it_starts(tmp_path: Path, sup: Supervisor) -> None:
+    """``Child.nice`` (tba up --backfill): the service and its own children run at the lower priority, and so
+    does their session's scheduling group where the kernel groups sessions (autogroup), or the nice value
+    would count only against the service's own processes."""
+    code = (
+        "import os, subprocess, sys; print(os.nice(0)); sys.stdout.flush(); "
+        "subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'])"
+    )
+    sup.add(Child("nicer", [sys.executable, "-c", code], dict(os.environ), tmp_path / "n.log", restart=False, nice=19))
+    log = tmp_path / "n.log"
+    assert _wait(lambda: log.exists() and len(log.read_text().split()) == 2, timeout=20), log.read_text()
+    assert log.read_text().split() == ["19", "19"]
+    autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if autogroups.exists() and autogroups.read_text().strip() == "1":
+        code = "import time; print(open('/proc/self/autogroup').read(), flush=True); time.sleep(30)"
+        sup.add(Child("group", [sys.executable, "-c", code], dict(os.environ), tmp_path / "g.log", nice=19))
+        log = tmp_path / "g.log"
+        assert _wait(lambda: log.exists() and "nice" in log.read_text(), timeout=20)
+        assert log.read_text().split()[-2:] == ["nice", "19"], log.read_text()
+
+
 def test_a_bad_cpu_list_is_refused_by_name() -> None:
     bad = subprocess.run(
         [
@@ -167,6 +188,9 @@ def test_a_bad_cpu_list_is_refused_by_name() -> None:
         timeout=30,
     )
     assert bad.returncode == 2 and "--cpus '0-x'" in bad.stderr and "not a CPU id or range" in bad.stderr
+    guard = [sys.executable, "-m", "tba.local.lifetime", "--name", "x", "--parent", str(os.getpid())]
+    bad = subprocess.run([*guard, "--nice", "20", "--", "true"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--nice must be in [0, 19], got 20" in bad.stderr
     up = subprocess.run(tba_command("up", "--trainer-cpus", "4096"), capture_output=True, text=True, timeout=60)
     assert up.returncode == 2 and "--trainer-cpus='4096': CPUs [4096] are not among this machine's" in up.stderr
 

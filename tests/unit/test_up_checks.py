@@ -24,6 +24,8 @@ def parse(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str] 
     [
         (["--searchers", "0"], {}, UsageError, "--searchers must be at least 1, got 0"),
         ([], {"TBA_PLACEMENT": "apart"}, UsageError, "TBA_PLACEMENT must be split or shared, got 'apart'"),
+        (["--backfill", "9"], {}, UsageError, "--backfill must be in [0, 8], got 9"),
+        (["--backfill", "1", "--placement", "shared"], {}, UsageError, "--backfill puts searchers on the trainer's"),
         ([], {"TBA_WANDB": "sometimes"}, UsageError, "TBA_WANDB must be off, offline or online, got 'sometimes'"),
         (["--task", "chess"], {}, UsageError, "--task: unknown task 'chess'"),
         ([], {"TBA_TASK_OPTIONS": '{"digits": 9}'}, UsageError, "digits must be between 1 and 6, got 9"),
