@@ -327,6 +327,7 @@ class System:
             "up",
             no_console=True,
             searchers=self.config.searchers,
+            placement="shared",  # paced searchers sharing the cores, as the scenario's waits assume
             minutes=self.config.minutes,
             run_dir=self.run_dir,
             base_model=base_model,

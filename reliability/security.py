@@ -318,6 +318,7 @@ def check_local_run(work: Path, token: str, password: str, result: SecurityResul
         "up",
         no_console=True,
         searchers=1,
+        placement="shared",
         minutes=5,
         max_steps=max_steps,
         run_dir=run_dir,

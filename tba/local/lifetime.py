@@ -121,9 +121,7 @@ def _kill(pgid: int, spare: set[int], wait: float = 2.0) -> dict[int, str]:
         time.sleep(0.02)
 
 
-def guard_command(
-    argv: list[str], name: str, grace: float, cpus: list[int] | None = None, nice: int = 0
-) -> list[str]:
+def guard_command(argv: list[str], name: str, grace: float, cpus: list[int] | None = None, nice: int = 0) -> list[str]:
     """The command that runs ``argv`` under a guard whose parent is this process (on ``cpus`` and at ``nice``
     if given)."""
     where = ["--cpus", ",".join(map(str, cpus))] if cpus else []

@@ -89,9 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backfill",
         type=int,
-        default=0,
+        default=None,
         help="With search and training on separate cores: this many more searchers on the trainer's cores at "
-        "the lowest priority (nice 19), generating only while the trainer waits (default 0).",
+        "the lowest priority (nice 19), generating only while the trainer waits (default: 1 with --placement "
+        "split in async mode, else 0).",
     )
     parser.add_argument(
         "--trainer-cpus",
@@ -213,10 +214,13 @@ def check_args(args: argparse.Namespace) -> None:
     except ValueError as err:
         raise UsageError(str(err)) from None
     on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
-    if args.placement == "split" and on_cpu and args.trainer_cpus is None and args.searcher_cpus is None:
+    split = args.placement == "split" and on_cpu and args.trainer_cpus is None and args.searcher_cpus is None
+    if split:
         args.searcher_cpus, args.trainer_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
     if args.searchers is None:
         args.searchers = min(2, len(args.searcher_cpus)) if separate_cores(args) else 2
+    if args.backfill is None:  # the trainer's idle cycles, searched in: asynchronous training only
+        args.backfill = 1 if split and separate_cores(args) and args.mode == "async" else 0
     if not 0 <= args.backfill <= 8:
         raise UsageError(f"--backfill must be in [0, 8], got {args.backfill}")
     if args.backfill and not separate_cores(args):
@@ -463,9 +467,7 @@ class LocalRun:
             spread = cpus or list(range(os.cpu_count() or 1))
             s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(spread[i % len(spread)]))
             nice = 0 if i < self.args.searchers else 19
-            self.sup.add(
-                Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=cpus, nice=nice)
-            )
+            self.sup.add(Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=cpus, nice=nice))
         return buffer_url, status_urls
 
     def _redis_auth_file(self) -> Path:

@@ -42,6 +42,7 @@ def run_up(
         no_console=True,
         no_report=True,
         searchers=1,
+        placement="shared",  # every process anywhere (tests/e2e/test_no_orphans.py runs the default)
         minutes=MINUTES,
         max_steps=STEPS,
         run_dir=run_dir,

@@ -48,6 +48,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> Iterator[d
         "up",
         no_console=True,
         searchers=2,
+        placement="shared",  # every process anywhere (tests/e2e/test_no_orphans.py runs the default)
         minutes=MINUTES,
         max_steps=STEPS,
         run_dir=run_dir,

@@ -37,6 +37,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
         "up",
         no_console=True,
         searchers=1,
+        placement="shared",  # every process anywhere (tests/e2e/test_no_orphans.py runs the default)
         minutes=8,
         max_steps=STEPS,
         run_dir=run_dir,

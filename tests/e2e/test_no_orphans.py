@@ -1,7 +1,8 @@
 """Nothing of a ``tba up`` run outlives what it belongs to, with the real system: a searcher killed with
 SIGKILL takes vLLM's engine core, worker and resource tracker with it before it is restarted, and
 ``tba up`` killed with SIGKILL takes every process of the run with it, leaving a whole summary of the
-run so far."""
+run so far. The run is placed as ``tba up`` places it by default (``--placement split`` with a backfill
+searcher), and each service is checked to run where and how nicely that placement says."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from reliability.procs import alive, cmdline, descendants, guarded_service, running_with, wait_while_running
 from tba.local.commands import tba_command
 from tba.local.supervisor import GRACE_SECONDS
-from tba.local.up import SUMMARY_EVERY_SECONDS
+from tba.local.up import SUMMARY_EVERY_SECONDS, split_cpus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 
@@ -54,6 +55,11 @@ def ready(url: str) -> bool:
         return False
 
 
+def placed(pid: int) -> tuple[list[int], int]:
+    """The CPUs ``pid`` may run on and its nice value."""
+    return sorted(os.sched_getaffinity(pid)), os.getpriority(os.PRIO_PROCESS, pid)
+
+
 def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft_model: Path) -> None:
     run_dir = tmp_path / "run"
     log = tmp_path / "up.log"
@@ -78,6 +84,18 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         wait_while_running("searcher ready", lambda: ready(status_url), 300, up, log)
         searcher = guarded_service(up.pid, "searcher-0")
         assert searcher is not None
+        # The default placement: the searcher on the first half of the CPUs, the trainer on the rest, and a
+        # backfill searcher on the trainer's at the lowest priority.
+        search_cpus, train_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
+        assert search_cpus and train_cpus, "the default placement needs 2 CPUs or more"
+        services = {name: guarded_service(up.pid, name) for name in ("trainer", "searcher-1")}
+        assert None not in services.values(), services
+        assert placed(searcher) == (search_cpus, 0)
+        assert placed(services["trainer"]) == (train_cpus, 0)
+        assert placed(services["searcher-1"]) == (train_cpus, 19)
+        group = Path(f"/proc/{services['searcher-1']}/autogroup")
+        if group.exists():  # sessions scheduled as groups: the backfill's group is as nice as the backfill
+            assert group.read_text().split()[-2:] == ["nice", "19"]
         helpers = descendants(searcher)
         names = {pid: cmdline(pid) for pid in helpers}
         trackers = {pid for pid, name in names.items() if "resource_tracker" in name}
@@ -120,12 +138,12 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
             log,
         )
         assert summary["state"] == "running"
-        assert set(summary["process_groups"]) == {"redis", "buffer", "trainer", "searcher-0"}
+        assert set(summary["process_groups"]) == {"redis", "buffer", "trainer", "searcher-0", "searcher-1"}
         assert summary["endpoints"]["redis"].startswith("redis://")
         # redis-server rewrites its command line and environment (its process title): it is found as a descendant.
         run = descendants(up.pid)
         names = [cmdline(p) for p in run]
-        assert len(run) >= 8 and alive(restarted), "\n".join(names)  # 4 guards, redis, buffer, trainer, searcher
+        assert len(run) >= 10 and alive(restarted), "\n".join(names)  # 5 guards, redis, buffer, trainer, 2 searchers
         assert any("redis-server" in name for name in names), names
         shm = shared_memory(run)
         up.kill()

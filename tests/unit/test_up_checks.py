@@ -64,26 +64,30 @@ def test_split_gives_the_trainer_the_last_half() -> None:
 
 
 @pytest.mark.parametrize(
-    ("allowed", "argv", "env", "searcher_cpus", "trainer_cpus", "searchers"),
+    ("allowed", "argv", "env", "searcher_cpus", "trainer_cpus", "searchers", "backfill"),
     [
-        # The default: search and training on cores of their own, one searcher per core of search (at most 2).
-        ({0, 1}, [], {}, [0], [1], 1),
-        ({0, 1, 2, 3}, [], {}, [0, 1], [2, 3], 2),
-        ({0, 1, 2, 3, 4, 5, 6, 7}, [], {}, [0, 1, 2, 3], [4, 5, 6, 7], 2),
-        ({0, 1}, ["--searchers", "3"], {}, [0], [1], 3),
-        ({0}, [], {}, None, None, 2),  # one CPU: shared
+        # The default: search and training on cores of their own, one searcher per core of search (at most 2),
+        # and one more on the trainer's cores at the lowest priority (asynchronous training only).
+        ({0, 1}, [], {}, [0], [1], 1, 1),
+        ({0, 1, 2, 3}, [], {}, [0, 1], [2, 3], 2, 1),
+        ({0, 1, 2, 3, 4, 5, 6, 7}, [], {}, [0, 1, 2, 3], [4, 5, 6, 7], 2, 1),
+        ({0, 1}, ["--searchers", "3", "--backfill", "0"], {}, [0], [1], 3, 0),
+        ({0, 1}, ["--mode", "sync"], {}, [0], [1], 1, 0),
+        ({0}, [], {}, None, None, 2, 0),  # one CPU: shared
         # Shared, asked for or implied: every process anywhere, two searchers.
-        ({0, 1}, ["--placement", "shared"], {}, None, None, 2),
-        ({0, 1}, [], {"TBA_PLACEMENT": "shared"}, None, None, 2),
-        ({0, 1}, ["--trainer-procs", "2"], {}, None, None, 2),  # FSDP ranks share the machine
-        ({0, 1}, [], {"TBA_DEVICE": "cuda"}, None, None, 2),  # a GPU trainer needs no core of its own
-        # A CPU list given is the placement.
-        ({0, 1}, ["--searcher-cpus", "1"], {}, [1], None, 2),
-        ({0, 1, 2}, ["--searcher-cpus", "0", "--trainer-cpus", "1-2"], {}, [0], [1, 2], 1),
+        ({0, 1}, ["--placement", "shared"], {}, None, None, 2, 0),
+        ({0, 1}, [], {"TBA_PLACEMENT": "shared"}, None, None, 2, 0),
+        ({0, 1}, ["--trainer-procs", "2"], {}, None, None, 2, 0),  # FSDP ranks share the machine
+        ({0, 1}, [], {"TBA_DEVICE": "cuda"}, None, None, 2, 0),  # a GPU trainer needs no core of its own
+        # A CPU list given is the placement; a backfill only where asked for.
+        ({0, 1}, ["--searcher-cpus", "1"], {}, [1], None, 2, 0),
+        ({0, 1, 2}, ["--searcher-cpus", "0", "--trainer-cpus", "1-2"], {}, [0], [1, 2], 1, 0),
+        ({0, 1}, ["--searcher-cpus", "0", "--trainer-cpus", "1", "--backfill", "2"], {}, [0], [1], 1, 2),
     ],
 )
-def test_placement_defaults(monkeypatch, allowed, argv, env, searcher_cpus, trainer_cpus, searchers) -> None:
+def test_placement_defaults(monkeypatch, allowed, argv, env, searcher_cpus, trainer_cpus, searchers, backfill) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(allowed))
     args = parse(monkeypatch, argv, env)
     check_args(args)
-    assert (args.searcher_cpus, args.trainer_cpus, args.searchers) == (searcher_cpus, trainer_cpus, searchers)
+    placed = (args.searcher_cpus, args.trainer_cpus, args.searchers, args.backfill)
+    assert placed == (searcher_cpus, trainer_cpus, searchers, backfill)
