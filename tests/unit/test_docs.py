@@ -40,7 +40,7 @@ TOP_FILES = r"README\.md|RELIABILITY\.md|Makefile|pyproject\.toml|docker-compose
 PATH = re.compile(r"(?<![\w./-])(?:(?:" + "|".join(TOP_DIRS) + r")/[\w./*<>{}$-]*|" + TOP_FILES + ")", re.ASCII)
 TEMPLATE_CHARS = frozenset("*<{$")  # a glob or a template (`services/*/Dockerfile`, `k8s/overlays/{overlay}`)
 # Tokens shaped like paths that name something else: the container images (k8s/README.md, "Images").
-NOT_PATHS = frozenset({"tba/buffer", "tba/trainer", "tba/searcher"})
+NOT_PATHS = frozenset({"tba/buffer", "tba/trainer", "tba/searcher", "tba/envserver"})
 CITATION = re.compile(r"(?<![\w./-])docs/([\w-]+)\.md\s+§(\d+)", re.ASCII)
 HEADING = re.compile(r"^## (\d+)\. \S", re.MULTILINE)
 # Design notes that are not part of the repository must not be cited; the names are assembled here so that
