@@ -2,7 +2,8 @@
 
 Standard library only, so every image (even the light buffer image) can run it.
 The port comes from the service's own setting: TBA_PORT for the buffer,
-TBA_METRICS_PORT for the trainer and searchers. Exit 0 when ready, 1 otherwise,
+TBA_METRICS_PORT for the trainer and searchers (the environment server, TBA_PORT, is
+checked on /health). Exit 0 when ready, 1 otherwise,
 with the server's reason on stdout (``docker inspect`` shows it).
 """
 

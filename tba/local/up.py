@@ -290,8 +290,8 @@ def main(args: argparse.Namespace) -> int:
 
 def split_cpus(cpus: list[int]) -> tuple[list[int] | None, list[int] | None]:
     """``--placement split``: (the searchers' CPUs, the trainer's), the trainer on the last half; on one CPU
-    there is nothing to split (None, None: anywhere). The measured best on a CPU: search and training on
-    cores of their own reach every accuracy target sooner than on shared ones (docs/results/decoupling.md)."""
+    there is nothing to split (None, None: anywhere). With a backfill searcher, the best `make demo` measured
+    on two cores (docs/results/decoupling.md, "`make demo`: where things run")."""
     if len(cpus) < 2:
         return None, None
     half = len(cpus) - len(cpus) // 2
