@@ -24,8 +24,9 @@ TIMEOUT="${SMOKE_TIMEOUT:-600}"
 REPORT="${SMOKE_REPORT:-}"
 LOG_DIR="${SMOKE_LOG_DIR:-$(mktemp -d /tmp/tba-smoke.XXXXXX)}"
 mkdir -p "$LOG_DIR"
-FILES=(-f docker-compose.yml -f docker-compose.cpu.yml -f docker-compose.openenv.yml -f tests/deploy/compose.smoke.yml)
-COMPOSE=(docker compose -p "$PROJECT" "${FILES[@]}")
+# On top of the CPU stack (build.sh --cpu adds docker-compose.yml and docker-compose.cpu.yml itself).
+ON_TOP=(-f docker-compose.openenv.yml -f tests/deploy/compose.smoke.yml)
+COMPOSE=(docker compose -p "$PROJECT" -f docker-compose.yml -f docker-compose.cpu.yml "${ON_TOP[@]}")
 
 # Fresh secrets for this run only: never written to disk.
 REDIS_PASSWORD="$(head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -78,7 +79,7 @@ phase engine
 scripts/docker/base-images.sh
 phase base_images
 
-BUILD_LOG="$LOG_DIR/build.log" scripts/docker/build.sh --cpu -p "$PROJECT" "${FILES[@]:4}"
+BUILD_LOG="$LOG_DIR/build.log" scripts/docker/build.sh --cpu -p "$PROJECT" "${ON_TOP[@]}"
 phase build
 
 # The buffer and environment server images must not carry the ML stack.
