@@ -14,11 +14,19 @@
 #
 #   scripts/docker-smoke.sh                 # SMOKE_TIMEOUT (s) bounds the run phase
 #   SMOKE_REPORT=out.json scripts/docker-smoke.sh
+#   scripts/docker-smoke.sh --build-only    # engine, base images and image builds only: fills the
+#                                           # cache a later run builds from (the test suite's prewarm)
 # Base images and built layers stay in Docker between runs: a warm run rebuilds
 # only what changed. A dockerd started here is stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+BUILD_ONLY=0
+case "${1:-}" in
+    "") ;;
+    --build-only) BUILD_ONLY=1 ;;
+    *) echo "usage: $0 [--build-only]" >&2; exit 2 ;;
+esac
 PROJECT="${SMOKE_PROJECT:-tba-smoke}"
 TIMEOUT="${SMOKE_TIMEOUT:-600}"
 REPORT="${SMOKE_REPORT:-}"
@@ -89,6 +97,10 @@ for image in buffer envserver; do
         echo "smoke: the $image image carries torch, vLLM or transformers" >&2; exit 1
     fi
 done
+if [ "$BUILD_ONLY" = 1 ]; then
+    echo "smoke: images built in $(( $(date +%s) - t0 )) s (engine ${took[engine]}, base images ${took[base_images]}, build ${took[build]})"
+    exit 0
+fi
 
 # What an interrupted earlier run left (containers that dockerd restarts, volumes with its checkpoints
 # and Redis data) would make this run resume that one: start from nothing.

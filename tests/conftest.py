@@ -19,6 +19,28 @@ import pytest
 
 from tba.health import free_port
 from tba.redis_client import server_args
+from tests import prewarm
+
+PREWARM_LINES = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    prewarm.order(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        prewarm.start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    session.config.stash[PREWARM_LINES] = prewarm.stop_all()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in terminalreporter.config.stash.get(PREWARM_LINES, []):
+        terminalreporter.write_line(f"prewarm: {line}")
 
 
 class RedisServer:

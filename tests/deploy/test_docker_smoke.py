@@ -5,7 +5,9 @@ with two searcher replicas under Docker Compose, and passes only when the
 trainer has published at least 2 checkpoints, both searchers' groups carry a
 reloaded version, and `docker compose down` leaves nothing behind. Base images
 and layers stay in Docker, so a second run on the same machine rebuilds only
-what changed (k8s/README.md gives the measured cold and warm times).
+what changed (k8s/README.md gives the measured cold and warm times). In a
+session the images are built in the background from its start
+(tests/prewarm.py) and this test runs last.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import prewarm
 from tests.deploy.tools import ROOT
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
@@ -50,8 +53,15 @@ def run_smoke(env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, out
 
 
-@pytest.mark.timeout(LIMIT_SECONDS + 300)
-def test_compose_cpu_stack_trains_and_searchers_reload() -> None:
+@pytest.fixture
+def docker_images() -> str:
+    """The session's background image build (tests/prewarm.py), waited for: this run's build then finds its
+    layers in Docker's cache. How it went, for the output ("" where the session did not start it)."""
+    return prewarm.wait_for("docker", LIMIT_SECONDS)
+
+
+@pytest.mark.timeout(2 * LIMIT_SECONDS + 300)
+def test_compose_cpu_stack_trains_and_searchers_reload(docker_images: str) -> None:
     # Not pytest's tmp_path: its rotation (the newest 3 sessions) may remove it during this long run.
     out_dir = Path(tempfile.mkdtemp(prefix="tba-docker-smoke-"))
     report = out_dir / "smoke.json"
@@ -63,7 +73,7 @@ def test_compose_cpu_stack_trains_and_searchers_reload() -> None:
     tail = "\n".join(lines[-150:])
     assert code == 0, f"smoke run failed (logs in {out_dir / 'logs'}):\n{tail}"
     result = json.loads(report.read_text())
-    print(f"docker smoke: {result['total_seconds']} s, phases {result['phases']}")
+    print(f"docker smoke: {result['total_seconds']} s, phases {result['phases']}; prewarm {docker_images or 'none'}")
     assert result["passed"] is True
     assert len(result["versions_published"]) >= 2
     reloaded = {sid: vs for sid, vs in result["last_probe"]["searcher_versions"].items() if max(vs) > 0}
