@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,15 +55,17 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
 
+    def reap(self) -> None:
+        """Note when it ends (a thread's work: the summary says how long it took, not when it was asked)."""
+        self.proc.wait()
+        self.ended = time.monotonic()
+
     def wait(self, timeout: float | None = None) -> int:
         """Wait for it to end (up to ``timeout`` s; then SIGTERM and wait again); its exit code."""
         try:
-            code = self.proc.wait(timeout)
+            return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            code = self.stop()
-        if self.ended is None:
-            self.ended = time.monotonic()
-        return code
+            return self.stop()
 
     def stop(self) -> int:
         """SIGTERM to the guard (it hands it on); the whole group killed if still there after the grace."""
@@ -125,7 +128,8 @@ def _launch(name: str, argv: list[str], nice: int) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # the guard leads its own group (and, niced, its own scheduling group)
         )
-    JOBS[name] = Job(name, log, proc)
+    job = JOBS[name] = Job(name, log, proc)
+    threading.Thread(target=job.reap, name=f"prewarm-{name}", daemon=True).start()
 
 
 def wait_for(name: str, timeout: float) -> str:

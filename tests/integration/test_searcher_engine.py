@@ -26,6 +26,7 @@ from services.searcher.scorer import GeneratedBatch, Scorer
 from tba.checkpoints import CheckpointStore, announce, model_identity
 from tba.codec import decode
 from tba.keys import STREAM_FIELD, Keys
+from tba.local.lifetime import alive_in
 from tba.model.logprobs import sequence_logprobs
 from tba.model.tiny import init_model
 from tba.model.tokenizer import encode_prompt, load_tokenizer
@@ -129,7 +130,9 @@ def test_idle_engine_workers_sleep_instead_of_spinning(parts) -> None:
     greedy = engine.generate(ids, engine.sampling_params(1, 0.0, 12))  # greedy: leaves the sampler's RNG alone
     scorer.ref_logprobs(ids, [g[0].token_ids for g in greedy])
     time.sleep(0.1)
-    procs = descendants(os.getpid())
+    # The engine's processes: those of this process group (the suite's background preparations lead their own).
+    procs = {pid for pid in descendants(os.getpid()) if alive_in(os.getpgid(0), pid)}
+    assert set(engine_core_pids(engine.llm)) <= procs
     before = {pid: cpu_seconds(pid) for pid in procs}
     time.sleep(0.8)
     used = {cmdline(pid)[:60]: round(cpu_seconds(pid) - before[pid], 2) for pid in procs}

@@ -26,27 +26,27 @@ def test_stage_by_what_a_test_needs() -> None:
 
 def test_order_moves_whole_modules_and_keeps_the_order_within_each_stage() -> None:
     items = [
-        Item("tests/deploy/test_docker_smoke.py::test_run", ["docker_images"]),
-        Item("tests/e2e/test_a.py::test_one", ["sft_model"]),
-        Item("tests/e2e/test_a.py::test_two"),  # its module needs a model: stays with test_one
-        Item("tests/integration/test_b.py::test_x"),
-        Item("tests/integration/test_c.py::test_y", ["calculator_model"]),
-        Item("tests/unit/test_d.py::test_z"),
+        Item("deploy/test_smoke.py::test_run", ["docker_images"]),
+        Item("e2e/test_a.py::test_one", ["sft_model"]),
+        Item("e2e/test_a.py::test_two"),  # its module needs a model: stays with test_one
+        Item("integration/test_b.py::test_x"),
+        Item("integration/test_c.py::test_y", ["calculator_model"]),
+        Item("unit/test_d.py::test_z"),
     ]
     prewarm.order(items)
     assert [item.nodeid for item in items] == [
-        "tests/integration/test_b.py::test_x",
-        "tests/unit/test_d.py::test_z",
-        "tests/e2e/test_a.py::test_one",
-        "tests/e2e/test_a.py::test_two",
-        "tests/integration/test_c.py::test_y",
-        "tests/deploy/test_docker_smoke.py::test_run",
+        "integration/test_b.py::test_x",
+        "unit/test_d.py::test_z",
+        "e2e/test_a.py::test_one",
+        "e2e/test_a.py::test_two",
+        "integration/test_c.py::test_y",
+        "deploy/test_smoke.py::test_run",
     ]
 
 
 def test_start_launches_only_what_the_selected_tests_need(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prewarm, "JOBS", {})  # this session's own jobs stay out of it
-    prewarm.start([Item("tests/unit/test_d.py::test_z", ["tmp_path"])])
+    prewarm.start([Item("unit/test_d.py::test_z", ["tmp_path"])])
     assert prewarm.JOBS == {}
     assert prewarm.wait_for("docker", 1) == ""  # never started: nothing to wait for
 
@@ -82,6 +82,8 @@ def test_wait_for_reports_how_the_job_went(monkeypatch: pytest.MonkeyPatch) -> N
     try:
         line = prewarm.wait_for("quick", 60)
         assert line.startswith("quick: done in ") and "log " in line
+        time.sleep(1.0)
+        assert prewarm.JOBS["quick"].summary() == line  # the time it took, not the time since it started
         assert "ready" in prewarm.JOBS["quick"].log.read_text()
     finally:
         prewarm.JOBS["quick"].stop()
