@@ -538,8 +538,6 @@ class LocalRun:
         """Evaluate the newest checkpoint every --eval-every seconds (off the main thread)."""
         from tba.checkpoints import CheckpointError, CheckpointStore
 
-        if self.args.searcher_cpus:  # this thread only: evaluations take the searchers' cores, not the trainer's
-            os.sched_setaffinity(0, self.args.searcher_cpus)
         store = CheckpointStore(self.ckpt_dir)
         observer.record_accuracy(0, self._evaluate(base_model, 0))
         last = 0
@@ -588,6 +586,10 @@ class LocalRun:
             self.sup.stop_all()
             return 1
         self.endpoints = {"redis": redact_url(self.redis_url), "buffer": buffer_url, **self.endpoints, **status_urls}
+        if self.args.searcher_cpus:
+            # From here on this process (the console, the evaluations, the listeners: every thread started
+            # after this one) takes the searchers' cores and leaves the trainer's to the trainer.
+            os.sched_setaffinity(0, self.args.searcher_cpus)
         self.tracker = Tracker(
             self.run_dir / "tensorboard",
             name="eval",

@@ -93,6 +93,9 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         assert placed(searcher) == (search_cpus, 0)
         assert placed(services["trainer"]) == (train_cpus, 0)
         assert placed(services["searcher-1"]) == (train_cpus, 19)
+        # tba up itself (the console, the evaluations, the listeners) leaves the trainer's CPUs to the trainer.
+        threads = [int(t.name) for t in Path(f"/proc/{up.pid}/task").iterdir()]
+        assert {tid: sorted(os.sched_getaffinity(tid)) for tid in threads} == dict.fromkeys(threads, search_cpus)
         group = Path(f"/proc/{services['searcher-1']}/autogroup")
         if group.exists():  # sessions scheduled as groups: the backfill's group is as nice as the backfill
             assert group.read_text().split()[-2:] == ["nice", "19"]
