@@ -2,7 +2,8 @@
 
 Versions (docs/algorithm.md §5): the base model is version 0; after u optimizer
 steps the policy is version u, and the checkpoint published after step u
-carries version u (so k, 2k, ... in async mode, every step in sync mode). Each
+carries version u (so k, 2k, ... in async mode, every step in sync mode; in async
+mode also any step after which no batch came within the buffer's long-poll). Each
 request to the buffer carries ``trainer_version = u`` so the buffer can compute
 staleness; sync mode also asks for ``only_version = u`` and waits for those
 samples (the on-policy baseline). A restart resumes from the newest complete
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-PUBLISH_RETRY_SECONDS = 5.0  # sync mode: how often a failed checkpoint write is retried while waiting
+PUBLISH_RETRY_SECONDS = 5.0  # how often a failed checkpoint write is retried while the trainer waits
 WAIT_LOG_SECONDS = 10.0  # a wait for a batch longer than this is logged, with why
 
 
@@ -78,7 +79,7 @@ class Trainer:
         self.reference = ""  # identity of the reference model, stated with every sample request (setup)
         self.ranks = Ranks.from_env()  # under torchrun: rank 0 runs this loop, the others follow it (follow())
         self._started = time.monotonic()
-        self._retry_at = 0.0  # sync mode: when a failed publish is tried again
+        self._retry_at = 0.0  # when a failed publish is tried again (while waiting)
         self._seconds_before = 0.0  # run time of the processes this run resumed from
         # Made by setup() (load_policy() on every rank, the clients on rank 0 only); None until then. The
         # properties below hand them out, so a use before setup() fails with that reason.
@@ -390,11 +391,14 @@ class Trainer:
             if time.monotonic() - last_log > WAIT_LOG_SECONDS:
                 log.info("waiting %.0f s for a batch (%s): %s", time.monotonic() - start, reason, answer.message)
                 last_log = time.monotonic()
-            if sync and self.published < self.step and time.monotonic() >= self._retry_at:
-                # Sync mode waits for samples of version `step`, which searchers generate only once its
-                # checkpoint is out: a publish that failed (disk full) is retried here, or nothing comes.
-                self._retry_at = time.monotonic() + PUBLISH_RETRY_SECONDS
+            if self.published < self.step and time.monotonic() >= self._retry_at:
+                # No batch within the long-poll: the steps not published yet go out now, since what the trainer
+                # waits for may wait for them. Sync mode waits for samples of version `step`, generated only once
+                # its checkpoint is out; searchers paced to a batch per version (TBA_MAX_BATCHES_PER_VERSION)
+                # wait for a newer one while the trainer, between two checkpoints, waits for their samples.
                 self.publish()
+                if self.published < self.step:  # the write failed (disk full): tried again in a while
+                    self._retry_at = time.monotonic() + PUBLISH_RETRY_SECONDS
             if self.settings.sample_wait_seconds == 0:  # no long-poll: wait here between requests
                 self.stop.wait(self.settings.poll_seconds)
             if self.stop.is_set() or self.budget_spent():

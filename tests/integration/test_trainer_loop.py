@@ -716,3 +716,37 @@ def test_async_trainer_waits_while_a_bound_binds_and_resumes_on_fresh_samples(
     assert trainer.arrival_cursor == arrived
     manifest = CheckpointStore(s.checkpoint_dir).read_manifest()
     assert manifest is not None and load_state(s.checkpoint_dir / manifest.path).arrival_cursor == arrived
+
+
+def test_an_async_trainer_waiting_for_samples_publishes_the_step_it_has_not_published(
+    redis_server, buffer, tiny_model, tmp_path, group_pool
+):
+    """Searchers paced to a batch per version wait for a newer checkpoint. A trainer that waits for their
+    samples one step after its last checkpoint (k = 2) publishes and announces that step after one long-poll,
+    instead of waiting for samples that wait for it; the steps after it publish as before."""
+    buffer.start()
+    r = redis_server.client()
+    s = settings_for(
+        redis_server,
+        buffer,
+        tiny_model,
+        tmp_path,
+        max_steps=3,
+        warmup_samples=8,
+        sample_wait_seconds=0.5,
+        max_reuse=1.0,
+    )
+    assert s.checkpoint_every == 2
+    publish_groups(r, group_pool[:2], version=0)  # 12 samples: one batch of 8 at max_reuse 1, then a wait
+    trainer = Trainer(s)
+    thread, codes = run_in_thread(trainer)
+    store = CheckpointStore(s.checkpoint_dir)
+    wait_for(lambda: (m := store.read_manifest()) is not None and m.version == 1, 60, "version 1 published")
+    wait_for(lambda: r.get(Keys(NS).latest_manifest), 10, "version 1 announced")
+    assert parse_manifest(r.get(Keys(NS).latest_manifest)).version == 1
+    assert trainer.step == 1 and trainer.status()["state"] == "waiting"
+    assert trainer.status()["waiting_for"] == "reuse"
+    publish_groups(r, group_pool[2:5], version=1)
+    thread.join(120)
+    assert codes == [0] and trainer.step == 3
+    assert store.versions() == [1, 2, 3]
