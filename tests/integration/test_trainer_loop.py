@@ -667,6 +667,13 @@ def _metric(text: str, name: str) -> float:
     return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
+def three_steps_settings(redis_server, buffer, tiny_model, tmp_path, **kw) -> TrainerSettings:
+    """A run of 3 steps from a warm-up of one batch (8 samples), with short long-polls: a wait shows at once."""
+    return settings_for(
+        redis_server, buffer, tiny_model, tmp_path, max_steps=3, warmup_samples=8, sample_wait_seconds=0.5, **kw
+    )
+
+
 @pytest.mark.parametrize("bound", ["reuse", "staleness"])
 def test_async_trainer_waits_while_a_bound_binds_and_resumes_on_fresh_samples(
     bound, redis_server, buffer, tiny_model, tmp_path, group_pool
@@ -679,17 +686,7 @@ def test_async_trainer_waits_while_a_bound_binds_and_resumes_on_fresh_samples(
     buffer.start()
     r = redis_server.client()
     limits = {"max_reuse": 1.0, "max_staleness": None} if bound == "reuse" else {"max_reuse": None, "max_staleness": 1}
-    s = settings_for(
-        redis_server,
-        buffer,
-        tiny_model,
-        tmp_path,
-        max_steps=3,
-        warmup_samples=8,
-        sample_wait_seconds=0.5,
-        recency_prob=1.0,
-        **limits,
-    )
+    s = three_steps_settings(redis_server, buffer, tiny_model, tmp_path, recency_prob=1.0, **limits)
     publish_groups(r, group_pool[:3], version=0)
     trainer = Trainer(s)
     thread, codes = run_in_thread(trainer)
@@ -726,16 +723,7 @@ def test_an_async_trainer_waiting_for_samples_publishes_the_step_it_has_not_publ
     instead of waiting for samples that wait for it; the steps after it publish as before."""
     buffer.start()
     r = redis_server.client()
-    s = settings_for(
-        redis_server,
-        buffer,
-        tiny_model,
-        tmp_path,
-        max_steps=3,
-        warmup_samples=8,
-        sample_wait_seconds=0.5,
-        max_reuse=1.0,
-    )
+    s = three_steps_settings(redis_server, buffer, tiny_model, tmp_path, max_reuse=1.0)
     assert s.checkpoint_every == 2
     publish_groups(r, group_pool[:2], version=0)  # 12 samples: one batch of 8 at max_reuse 1, then a wait
     trainer = Trainer(s)
