@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tba.local.lifetime import group_members
 from tests import prewarm
 
 
@@ -62,18 +63,12 @@ def test_a_stopped_job_leaves_nothing_of_its_group(monkeypatch: pytest.MonkeyPat
         group = job.proc.pid  # the guard leads the group
         assert job.stop() != 0
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _members(group):
+        while time.monotonic() < deadline and group_members(group):
             time.sleep(0.1)
-        assert _members(group) == []
+        assert group_members(group) == []
         assert job.summary().startswith("sleeper: FAILED (exit -15)")
     finally:
         job.stop()
-
-
-def _members(pgid: int) -> list[int]:
-    from tba.local.lifetime import group_members
-
-    return group_members(pgid)
 
 
 def test_wait_for_reports_how_the_job_went(monkeypatch: pytest.MonkeyPatch) -> None:
