@@ -299,6 +299,14 @@ class PublishSettings(BaseModel):
         description="Bound on checkpoints on disk, young ones included: "
         "publishing every step would otherwise keep a grace period's worth.",
     )
+    optimizer_state_seconds: float = Field(
+        30.0,
+        ge=0.0,
+        le=86_400.0,
+        description="Write the optimizer's state (the bulk of the resume state: twice the weights) into a "
+        "checkpoint at most this often (0: into every one); the checkpoints between hard-link the last one "
+        "written, so each stays resumable with exact weights and optimizer moments at most this old.",
+    )
 
 
 class TrackingSettings(BaseModel):

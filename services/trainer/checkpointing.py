@@ -9,6 +9,12 @@ fsyncs and renames: the rename is the commit point, so every ``step-NNNNNN``
 directory is complete and a ``kill -9`` at any moment leaves at most an
 unreferenced ``.tmp-`` directory (pruned after the grace period).
 
+The optimizer's state, twice the weights in size, is not written every time
+(weights-only publishing, ``TBA_OPTIMIZER_STATE_SECONDS``): a checkpoint may
+hard-link the file of the one before it, so every checkpoint stays resumable,
+its weights exact and its optimizer moments a few seconds older
+(``TrainerState.optimizer_step`` says from which step).
+
 The weights on disk are always fp32 master weights (bf16 runs only autocast the
 forward), so resuming loses nothing and searchers cast to their own dtype.
 """
@@ -17,11 +23,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -51,7 +58,20 @@ class TrainerState:
     tokens_seen: int = 0
     arrival_cursor: int = 0  # the buffer's arrivals served so far (recency_order "arrival")
     run_seconds: float = 0.0  # the run's time so far (the time-based LR schedule and budget)
+    optimizer_step: int | None = None  # the step the optimizer file was written at (None: this one's)
     settings: dict[str, Any] = field(default_factory=dict)  # for humans: what the run was started with
+
+
+class OptimizerFile(NamedTuple):
+    """A checkpoint's optimizer file, and the step and time (``time.monotonic()``) it was written at."""
+
+    path: Path
+    step: int
+    written_at: float
+
+
+def optimizer_path(checkpoint: Path) -> Path:
+    return checkpoint / TRAINER_STATE_DIR / OPTIMIZER_FILE
 
 
 def save_checkpoint(
@@ -64,12 +84,15 @@ def save_checkpoint(
     *,
     model_state: dict | None = None,
     optimizer_state: dict | None = None,
+    optimizer_file: Path | None = None,
 ) -> CheckpointManifest:
     """Write model, tokenizer and trainer state into a temporary directory and commit it as ``state.step``.
 
     ``model_state`` and ``optimizer_state``: the whole states gathered from the ranks of a sharded trainer
-    (:func:`services.trainer.distributed.full_state`); one process passes neither."""
-    if optimizer_state is None:
+    (:func:`services.trainer.distributed.full_state`); one process passes neither. ``optimizer_file``: the
+    optimizer file of an earlier checkpoint (written at ``state.optimizer_step``), hard-linked instead of
+    writing the optimizer's state again."""
+    if optimizer_file is None and optimizer_state is None:
         model_state, optimizer_state = full_state(model, optimizer, ONE_PROCESS)
     tmp = store.new_tmp_dir()
     try:
@@ -79,7 +102,7 @@ def save_checkpoint(
                 tokenizer.save_pretrained(tmp)
                 if getattr(model, "generation_config", None) is not None:
                     model.generation_config.save_pretrained(tmp)
-            _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer_state, scheduler, state)
+            _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer_state, scheduler, state, optimizer_file)
         except (RuntimeError, SafetensorError) as err:  # how torch.save and safetensors report a failed write
             raise CheckpointWriteError(f"could not write {tmp}: {err}") from err
         return store.commit(tmp, version=state.step, step=state.step)
@@ -88,15 +111,23 @@ def save_checkpoint(
         raise
 
 
-def _save_trainer_state(directory: Path, optimizer_state: dict, scheduler, state: TrainerState) -> None:
-    """The optimizer state keyed by parameter name (a run resumes on any number of ranks), schedule, RNGs."""
+def _save_trainer_state(
+    directory: Path, optimizer_state: dict | None, scheduler, state: TrainerState, optimizer_file: Path | None = None
+) -> None:
+    """The optimizer state keyed by parameter name (a run resumes on any number of ranks), schedule, RNGs; or a
+    hard link to an earlier checkpoint's file of them."""
     directory.mkdir()
-    sched = scheduler.state_dict()
-    sched["lr_lambdas"] = [None] * len(sched.get("lr_lambdas", []))  # the schedule comes from the settings
-    tensors = {"optimizer": optimizer_state, "scheduler": sched, "torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
-    torch.save(tensors, directory / OPTIMIZER_FILE)
+    if optimizer_file is not None:
+        os.link(optimizer_file, directory / OPTIMIZER_FILE)
+    else:
+        assert optimizer_state is not None, "an optimizer state to write or a file to link"
+        state = replace(state, optimizer_step=None)
+        sched = scheduler.state_dict()
+        sched["lr_lambdas"] = [None] * len(sched.get("lr_lambdas", []))  # the schedule comes from the settings
+        tensors = {"optimizer": optimizer_state, "scheduler": sched, "torch_rng": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
+        torch.save(tensors, directory / OPTIMIZER_FILE)
     payload = asdict(state) | {"python_rng": _jsonable(random.getstate())}
     (directory / STATE_FILE).write_text(json.dumps(payload, default=str))
 
@@ -142,7 +173,7 @@ def find_resume_point(store: CheckpointStore) -> ResumePoint | None:
 
 def load_state(directory: Path) -> TrainerState:
     payload = json.loads((directory / TRAINER_STATE_DIR / STATE_FILE).read_text())
-    if not (directory / TRAINER_STATE_DIR / OPTIMIZER_FILE).is_file():
+    if not optimizer_path(directory).is_file():
         raise CheckpointError(f"{directory} has no optimizer state")
     payload.pop("python_rng", None)
     return TrainerState(**payload)
@@ -155,7 +186,7 @@ def restore_trainer_state(directory: Path, model, optimizer, scheduler, ranks: R
     and RNG states are the same on every rank."""
     tensors = None
     if ranks.main:
-        tensors = torch.load(directory / TRAINER_STATE_DIR / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        tensors = torch.load(optimizer_path(directory), map_location="cpu", weights_only=True)
     load_optimizer_state(model, optimizer, tensors["optimizer"] if tensors else None, ranks)
     shared = ranks.broadcast({k: v for k, v in tensors.items() if k != "optimizer"} if tensors else None)
     scheduler.load_state_dict(shared["scheduler"])

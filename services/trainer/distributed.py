@@ -167,15 +167,19 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: Ranks) -> tuple[dict, dict]:
-    """(model state dict, optimizer state dict keyed by parameter name), whole, on CPU, on rank 0 (empty on the
-    others). Every rank must call it: gathering the shards is a collective."""
+def full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: Ranks, with_optimizer: bool = True
+) -> tuple[dict, dict | None]:
+    """(model state dict, optimizer state dict keyed by parameter name or None without ``with_optimizer``),
+    whole, on CPU, on rank 0 (empty on the others). Every rank must call it with the same ``with_optimizer``:
+    gathering the shards is a collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=ranks.distributed)
-    if not ranks.distributed:
-        return model.state_dict(), get_optimizer_state_dict(model, optimizer, options=options)
-    return (get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options))
+    model_state = model.state_dict() if not ranks.distributed else get_model_state_dict(model, options=options)
+    if not with_optimizer:
+        return model_state, None
+    return model_state, get_optimizer_state_dict(model, optimizer, options=options)
 
 
 def load_optimizer_state(

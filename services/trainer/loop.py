@@ -28,9 +28,11 @@ from services.trainer.batching import rows_from_batch
 from services.trainer.bounds import ON_POLICY, WAIT_REASONS, ReuseBound
 from services.trainer.checkpointing import (
     Announcer,
+    OptimizerFile,
     ResumePoint,
     TrainerState,
     find_resume_point,
+    optimizer_path,
     restore_trainer_state,
     save_checkpoint,
 )
@@ -39,7 +41,7 @@ from services.trainer.distributed import Ranks, full_state, shard
 from services.trainer.learner import Learner
 from services.trainer.losses import BetaSchedule, make_loss
 from services.trainer.metrics import TrainerMetrics
-from services.trainer.optim import LRSchedule, build_optimizer
+from services.trainer.optim import LRSchedule, build_optimizer, set_step
 from tba.checkpoints import CheckpointStore, model_identity
 from tba.health import HealthServer
 from tba.keys import Keys
@@ -81,6 +83,9 @@ class Trainer:
         self._started = time.monotonic()
         self._retry_at = 0.0  # when a failed publish is tried again (while waiting)
         self._seconds_before = 0.0  # run time of the processes this run resumed from
+        # Weights-only publishing: the newest checkpoint's optimizer file, which the next checkpoints link until
+        # TBA_OPTIMIZER_STATE_SECONDS have passed since it was written (None: the next one writes its own).
+        self._optimizer_file: OptimizerFile | None = None
         # Made by setup() (load_policy() on every rank, the clients on rank 0 only); None until then. The
         # properties below hand them out, so a use before setup() fails with that reason.
         self.device = "cpu"
@@ -191,6 +196,7 @@ class Trainer:
             self.samples_seen, self.tokens_seen = st.samples_seen, st.tokens_seen
             self.arrival_cursor = st.arrival_cursor
             self._seconds_before = st.run_seconds
+            set_step(scheduler, st.step)
             log.info("resumed from %s: step %d, version %d", resume.directory.name, self.step, self.published)
         else:
             log.info("starting from the base model %s (version 0)", s.model)
@@ -301,7 +307,7 @@ class Trainer:
             if command[0] == "step":
                 self.learner.step(*command[1:])
             elif command[0] == "publish":
-                full_state(self.learner.model, self.learner.optimizer, self.ranks)
+                full_state(self.learner.model, self.learner.optimizer, self.ranks, with_optimizer=command[1])
             else:
                 self.ranks.stop()
                 return 0
@@ -441,8 +447,15 @@ class Trainer:
             run_seconds=self.run_seconds(),
             settings=s.public_dump(),
         )
-        self.ranks.broadcast(("publish",))
-        model_state, optimizer_state = full_state(self.learner.model, self.learner.optimizer, self.ranks)
+        link = self._optimizer_file
+        if final or (link is not None and time.monotonic() - link.written_at >= s.optimizer_state_seconds):
+            link = None
+        self.ranks.broadcast(("publish", link is None))
+        model_state, optimizer_state = full_state(
+            self.learner.model, self.learner.optimizer, self.ranks, with_optimizer=link is None
+        )
+        if link is not None:
+            state.optimizer_step = link.step
         try:
             manifest = save_checkpoint(
                 self.store,
@@ -453,8 +466,10 @@ class Trainer:
                 state,
                 model_state=model_state,
                 optimizer_state=optimizer_state,
+                optimizer_file=None if link is None else link.path,
             )
         except OSError as err:
+            self._optimizer_file = None  # the next checkpoint writes the optimizer's state (links may not work)
             if final:
                 raise
             then = (
@@ -465,6 +480,8 @@ class Trainer:
             log.error("could not write checkpoint v%d (%s); %s", self.step, err, then)
             return
         self.published = manifest.version
+        path = optimizer_path(self.store.resolve(manifest))
+        self._optimizer_file = link._replace(path=path) if link else OptimizerFile(path, self.step, time.monotonic())
         self.metrics.set_version(manifest.version)
         self.announcer.announce(manifest)
         deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds, s.max_checkpoints_on_disk)

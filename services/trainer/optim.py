@@ -69,3 +69,12 @@ def build_optimizer(
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda step: schedule(step, clock()))
     return optimizer, scheduler
+
+
+def set_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
+    """Put a restored schedule at ``step`` and its learning rates with it: the optimizer file a checkpoint
+    carries may be from an earlier step than its weights (weights-only publishing)."""
+    scheduler.last_epoch = step
+    groups = scheduler.optimizer.param_groups
+    for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * factor(step)

@@ -15,12 +15,14 @@ from services.trainer.checkpointing import (
     Announcer,
     TrainerState,
     find_resume_point,
+    optimizer_path,
     restore_trainer_state,
     save_checkpoint,
 )
+from services.trainer.distributed import ONE_PROCESS, full_state
 from services.trainer.learner import Learner
 from services.trainer.losses import make_loss
-from services.trainer.optim import LRSchedule, build_optimizer
+from services.trainer.optim import LRSchedule, build_optimizer, set_step
 from tba.checkpoints import TMP_PREFIX, CheckpointError, CheckpointStore, parse_manifest
 from tba.keys import Keys
 from tba.model.logprobs import sequence_logprobs
@@ -146,6 +148,45 @@ def test_resume_continues_exactly_as_if_never_stopped(trained, tiny_model):
         resumed.step(rows, beta=0.05)
     for k, v in resumed.model.state_dict().items():
         torch.testing.assert_close(v, uninterrupted[k], rtol=0, atol=1e-7, msg=k)
+
+
+def test_a_weights_only_checkpoint_links_the_optimizer_file_and_resumes_at_its_own_step(trained):
+    """Weights-only publishing: a checkpoint hard-links the optimizer file of the one before it (written at
+    step 2), stays resumable once that one is pruned, and a trainer resumed from it has its weights and its
+    schedule's step (4), with the optimizer moments of step 2."""
+    learner, store, first, tokenizer = trained
+    written = optimizer_path(store.resolve(first))
+    for rows in batches(2, seed=3):
+        learner.step(rows, beta=0.05)
+    model_state, no_optimizer = full_state(learner.model, learner.optimizer, ONE_PROCESS, with_optimizer=False)
+    assert no_optimizer is None
+    state = TrainerState(step=4, beta=0.05, samples_seen=48, optimizer_step=2)
+    newer = save_checkpoint(
+        store,
+        learner.model,
+        tokenizer,
+        learner.optimizer,
+        learner.scheduler,
+        state,
+        model_state=model_state,
+        optimizer_file=written,
+    )
+    linked = optimizer_path(store.resolve(newer))
+    assert linked.stat().st_ino == written.stat().st_ino and linked.stat().st_nlink == 2
+    assert store.prune(keep=1, grace_seconds=0) == [2] and linked.stat().st_nlink == 1
+    store.verify(newer)
+
+    point = find_resume_point(store)
+    assert point is not None and point.manifest == newer
+    assert (point.state.step, point.state.optimizer_step, point.state.samples_seen) == (4, 2, 48)
+    resumed = make_learner(point.directory)
+    restore_trainer_state(point.directory, resumed.model, resumed.optimizer, resumed.scheduler)
+    assert resumed.scheduler.last_epoch == 2, "the optimizer file's own step"
+    set_step(resumed.scheduler, point.state.step)
+    assert resumed.scheduler.last_epoch == learner.scheduler.last_epoch == 4
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(learner.optimizer.param_groups[0]["lr"])
+    for k, v in resumed.model.state_dict().items():
+        torch.testing.assert_close(v, learner.model.state_dict()[k], rtol=0, atol=0, msg=k)
 
 
 def test_a_crash_never_exposes_a_half_written_checkpoint(trained):

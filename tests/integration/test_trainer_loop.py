@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from reliability.procs import descendants
-from services.trainer.checkpointing import load_state
+from services.trainer.checkpointing import load_state, optimizer_path
 from services.trainer.loop import Trainer
 from tba.checkpoints import TMP_PREFIX, CheckpointStore, model_identity, parse_manifest
 from tba.codec import encode
@@ -269,6 +269,29 @@ def test_async_run_waits_survives_buffer_outages_and_stops_at_max_steps(
         assert row["samples"] == 8 and sum(row["staleness_hist"].values()) == 8
         assert row["beta"] == 0.05 and row["loss"] >= 0 and row["tokens"] > 0
     assert trainer.status()["state"] == "done"
+
+
+@pytest.mark.parametrize("seconds", [3600.0, 0.0])
+def test_checkpoints_link_the_last_optimizer_file_until_it_is_due_and_the_final_one_writes_its_own(
+    seconds, redis_server, buffer, tiny_model, tmp_path, group_pool
+):
+    """Weights-only publishing (TBA_OPTIMIZER_STATE_SECONDS): until the interval has passed, a checkpoint
+    hard-links the optimizer file of the one before it and names the step it was written at; the final
+    checkpoint, and every one at 0, write their own."""
+    buffer.start()
+    s = settings_for(redis_server, buffer, tiny_model, tmp_path, max_steps=5, optimizer_state_seconds=seconds)
+    publish_groups(redis_server.client(), group_pool, version=0)
+    thread, codes = run_in_thread(Trainer(s))
+    thread.join(180)
+    assert codes == [0]
+    store = CheckpointStore(s.checkpoint_dir)
+    assert store.versions() == [2, 4, 5]
+    inode = {v: optimizer_path(store.step_dir(v)).stat().st_ino for v in (2, 4, 5)}
+    written_at = {v: load_state(store.step_dir(v)).optimizer_step for v in (2, 4, 5)}
+    if seconds:
+        assert inode[4] == inode[2] != inode[5] and written_at == {2: None, 4: 2, 5: None}
+    else:
+        assert len(set(inode.values())) == 3 and written_at == {2: None, 4: None, 5: None}
 
 
 def test_sync_mode_trains_only_on_the_current_version(redis_server, buffer, tiny_model, tmp_path, group_pool):
