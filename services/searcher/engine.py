@@ -237,16 +237,22 @@ class Engine:
                 raise EngineStopped(
                     f"reload of {weights_dir} cut short by shutdown ({err}); the previous weights are not restored"
                 ) from err
-            log.error("reload of %s failed (%s); restoring %s", weights_dir, err, self.weights_dir)
+            # The weights it ran may have been pruned too (a searcher many checkpoints behind): the base
+            # model, version 0, is always there.
+            restore, restore_version = self.weights_dir, self.version
+            if not restore.is_dir():
+                restore, restore_version = Path(self.settings.model), 0
+            log.error("reload of %s failed (%s); restoring %s", weights_dir, err, restore)
             try:
-                self._load(self.weights_dir)
+                self._load(restore)
             except EngineStopped:
                 raise
             except Exception as restore_err:
                 raise RuntimeError(
-                    f"reload of {weights_dir} failed and the previous weights {self.weights_dir} could not be "
+                    f"reload of {weights_dir} failed and the previous weights {restore} could not be "
                     f"restored ({restore_err}): refusing to generate with mixed weights"
                 ) from err
+            self.weights_dir, self.version = restore, restore_version
             raise ReloadError(f"could not load {weights_dir}: {err}") from err
         self.weights_dir = Path(weights_dir)
         self.version = version

@@ -228,6 +228,7 @@ class Searcher:
         try:
             pause = self.engine.reload(ckpt.path, ckpt.version, stopping=lambda: self.stop.requested)
         except ReloadError as err:
+            self.watcher.current_version = self.engine.version  # the base model's, if that was restored
             self.watcher.reject(ckpt, str(err))
             self.state = SearcherState.RUNNING
             return True
