@@ -450,6 +450,18 @@ def publish_time(
     opt.step()
     store = CheckpointStore(work / f"ckpt-{name}")
     announcer = Announcer(sync_client(redis_url), Keys(NS))
+    published = store.root
+
+    def publish(state: TrainerState, optimizer_file: Path | None = None) -> float:
+        """One publish as the trainer makes it (write, announce, prune); its seconds."""
+        nonlocal published
+        t0 = time.perf_counter()
+        manifest = save_checkpoint(store, model, tok, opt, sched, state, optimizer_file=optimizer_file)
+        announcer.announce(manifest)
+        store.prune(keep=1, grace_seconds=0.0)
+        published = store.resolve(manifest)
+        return time.perf_counter() - t0
+
     ours, bare = [], []
     for step in range(1, repeats + 1):
         out = work / f"bare-{name}-{step}"
@@ -457,21 +469,12 @@ def publish_time(
         _durable_bare_save(model, opt, out)
         bare.append(time.perf_counter() - t0)
         shutil.rmtree(out)
-        t0 = time.perf_counter()
-        manifest = save_checkpoint(store, model, tok, opt, sched, TrainerState(step=step, beta=BETA))
-        announcer.announce(manifest)
-        store.prune(keep=1, grace_seconds=0.0)
-        ours.append(time.perf_counter() - t0)
-    linked = []  # weights-only: the publishes between two writes of the optimizer's state
-    for step in range(repeats + 1, 2 * repeats + 1):
-        t0 = time.perf_counter()
-        state = TrainerState(step=step, beta=BETA, optimizer_step=repeats)
-        previous = optimizer_path(store.resolve(manifest))
-        manifest = save_checkpoint(store, model, tok, opt, sched, state, optimizer_file=previous)
-        announcer.announce(manifest)
-        store.prune(keep=1, grace_seconds=0.0)
-        linked.append(time.perf_counter() - t0)
-    published = store.resolve(manifest)
+        ours.append(publish(TrainerState(step=step, beta=BETA)))
+    # Weights-only: the publishes between two writes of the optimizer's state link the last one written.
+    linked = [
+        publish(TrainerState(step=step, beta=BETA, optimizer_step=repeats), optimizer_path(published))
+        for step in range(repeats + 1, 2 * repeats + 1)
+    ]
     weights_mb = sum(f.stat().st_size for f in published.iterdir() if f.is_file()) / 2**20
     state_mb = _tree_mb(published / TRAINER_STATE_DIR)
     shutil.rmtree(store.root)
