@@ -434,6 +434,11 @@ class LocalRun:
         trainer_env["TBA_MAX_SECONDS"] = f"{max(1.0, self.t0 + self.args.minutes * 60 - time.time()):.0f}"
         trainer_env.setdefault("TBA_LR_SCHEDULE", "wsd")
         trainer_env.setdefault("TBA_LR_DECAY_FRACTION", "0.5")
+        free_running = separate_cores(self.args) and self.args.mode == "async"
+        if free_running:
+            # Searchers on cores of their own generate batches of 16 prompts (below): a checkpoint every 4 steps
+            # is one reload per batch or two, where every 2 steps paused generation for a reload per batch.
+            trainer_env.setdefault("TBA_CHECKPOINT_EVERY", "4")
         trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
         self.sup.add(
             Child(
@@ -454,8 +459,10 @@ class LocalRun:
             }
             # Fresh samples: what a searcher generates reaches the buffer one batch later, so the batch is the
             # staleness every sample starts with. Small batches, scored at once (not behind generation), keep
-            # it at a few versions on a CPU core (docs/results/decoupling.md).
-            s_env.setdefault("TBA_PROMPTS_PER_BATCH", "8")
+            # it at a few versions on a CPU core; a free-running searcher with a core of its own takes 16 prompts,
+            # which one core generates 1.2x faster per sample than 8, for a version or so more staleness
+            # (docs/results/decoupling.md).
+            s_env.setdefault("TBA_PROMPTS_PER_BATCH", "16" if free_running and i < self.args.searchers else "8")
             s_env.setdefault("TBA_REF_NICE", "0")
             if not separate_cores(self.args):
                 # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
