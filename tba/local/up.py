@@ -304,6 +304,46 @@ def separate_cores(args: argparse.Namespace) -> bool:
     return bool(a and b and not set(a) & set(b))
 
 
+def free_running(args: argparse.Namespace) -> bool:
+    """Searchers on cores of their own feeding an asynchronous trainer: they generate freely, as in the paper."""
+    return separate_cores(args) and args.mode == "async"
+
+
+def trainer_defaults(args: argparse.Namespace) -> dict[str, str]:
+    """The trainer's settings that ``tba up`` chooses unless the environment sets them."""
+    # The trainer's budget ends with the run's (TBA_MAX_SECONDS), so a decaying LR schedule reaches 0 as time
+    # runs out: warmup-stable-decay over the last half (at a constant LR the accuracy oscillates late in a
+    # run; docs/results/arithmetic-10min.md).
+    out = {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
+    if free_running(args):
+        # Free-running searchers generate batches of 16 prompts (searcher_defaults): a checkpoint every 4
+        # steps is a reload per batch or two, where every 2 steps paused generation for a reload per batch.
+        out["TBA_CHECKPOINT_EVERY"] = "4"
+    return out
+
+
+def searcher_defaults(args: argparse.Namespace, i: int) -> dict[str, str]:
+    """Searcher ``i``'s settings that ``tba up`` chooses unless the environment sets them (``i`` past
+    ``--searchers``: a backfill searcher on the trainer's cores)."""
+    # Fresh samples: what a searcher generates reaches the buffer one batch later, so the batch is the
+    # staleness every sample starts with. Small batches, scored at once (not behind generation), keep it at a
+    # few versions on a CPU core; a free-running searcher with a core of its own takes 16 prompts, which one
+    # core generates 1.2x faster per sample than 8, for a version or so more (docs/results/decoupling.md).
+    wide = free_running(args) and i < args.searchers
+    out = {"TBA_PROMPTS_PER_BATCH": "16" if wide else "8", "TBA_REF_NICE": "0"}
+    if not separate_cores(args):
+        # Searchers and the trainer share these cores: generating far ahead of the trainer only takes its
+        # cycles (and fills the buffer with duplicates). One batch per policy version each. On cores of their
+        # own, searchers run free, as in the paper.
+        out["TBA_MAX_BATCHES_PER_VERSION"] = "1"
+    # vLLM's CPU build pins every engine to the same core by default; spread them instead (over the searcher's
+    # CPUs when given).
+    cpus = args.searcher_cpus if i < args.searchers else args.trainer_cpus
+    spread = cpus or list(range(os.cpu_count() or 1))
+    out["VLLM_CPU_OMP_THREADS_BIND"] = str(spread[i % len(spread)])
+    return out
+
+
 def _placement(text: str | None, flag: str) -> list[int] | None:
     """A CPU list option as CPUs this process may use (None: anywhere)."""
     if text is None:
@@ -428,17 +468,9 @@ class LocalRun:
         trainer_env.setdefault("TBA_TORCH_THREADS", str(len(self.args.trainer_cpus or [0])))
         if self.args.max_steps:
             trainer_env["TBA_MAX_STEPS"] = str(self.args.max_steps)
-        # The trainer's time budget ends with the run's, so a decaying LR schedule reaches 0 as time runs out.
-        # Default: warmup-stable-decay over the last half (at a constant LR the accuracy oscillates late
-        # in a run; docs/results/arithmetic-10min.md).
         trainer_env["TBA_MAX_SECONDS"] = f"{max(1.0, self.t0 + self.args.minutes * 60 - time.time()):.0f}"
-        trainer_env.setdefault("TBA_LR_SCHEDULE", "wsd")
-        trainer_env.setdefault("TBA_LR_DECAY_FRACTION", "0.5")
-        free_running = separate_cores(self.args) and self.args.mode == "async"
-        if free_running:
-            # Searchers on cores of their own generate batches of 16 prompts (below): a checkpoint every 4 steps
-            # is one reload per batch or two, where every 2 steps paused generation for a reload per batch.
-            trainer_env.setdefault("TBA_CHECKPOINT_EVERY", "4")
+        for key, value in trainer_defaults(self.args).items():
+            trainer_env.setdefault(key, value)
         trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
         self.sup.add(
             Child(
@@ -457,22 +489,8 @@ class LocalRun:
                 "TBA_METRICS_PORT": str(port),
                 "TBA_SPILL_DIR": str(self.run_dir / "spill" / name),
             }
-            # Fresh samples: what a searcher generates reaches the buffer one batch later, so the batch is the
-            # staleness every sample starts with. Small batches, scored at once (not behind generation), keep
-            # it at a few versions on a CPU core; a free-running searcher with a core of its own takes 16 prompts,
-            # which one core generates 1.2x faster per sample than 8, for a version or so more staleness
-            # (docs/results/decoupling.md).
-            s_env.setdefault("TBA_PROMPTS_PER_BATCH", "16" if free_running and i < self.args.searchers else "8")
-            s_env.setdefault("TBA_REF_NICE", "0")
-            if not separate_cores(self.args):
-                # Searchers and the trainer share these cores: generating far ahead of the trainer only takes
-                # its cycles (and fills the buffer with duplicates). One batch per policy version each. On
-                # cores of their own, searchers run free, as in the paper.
-                s_env.setdefault("TBA_MAX_BATCHES_PER_VERSION", "1")
-            # vLLM's CPU build pins every engine to the same core by default; spread them instead (over
-            # --searcher-cpus when given).
-            spread = cpus or list(range(os.cpu_count() or 1))
-            s_env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(spread[i % len(spread)]))
+            for key, value in searcher_defaults(self.args, i).items():
+                s_env.setdefault(key, value)
             nice = 0 if i < self.args.searchers else 19
             self.sup.add(Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=cpus, nice=nice))
         return buffer_url, status_urls

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from tba.local.up import UsageError, add_arguments, check_args, split_cpus
+from tba.local.up import UsageError, add_arguments, check_args, searcher_defaults, split_cpus, trainer_defaults
 from tba.settings import SettingsError
 
 
@@ -91,3 +91,29 @@ def test_placement_defaults(monkeypatch, allowed, argv, env, searcher_cpus, trai
     check_args(args)
     placed = (args.searcher_cpus, args.trainer_cpus, args.searchers, args.backfill)
     assert placed == (searcher_cpus, trainer_cpus, searchers, backfill)
+
+
+@pytest.mark.parametrize(
+    ("argv", "batch", "checkpoint_every", "paced"),
+    [
+        # Free-running searchers on a core of their own feed the asynchronous trainer: wider batches, fewer reloads.
+        ([], "16", "4", False),
+        # The synchronous baseline on the same cores, and shared cores: batches of 8, the trainer's own k.
+        (["--mode", "sync"], "8", None, False),
+        (["--placement", "shared"], "8", None, True),
+    ],
+)
+def test_service_defaults_follow_the_placement(monkeypatch, argv, batch, checkpoint_every, paced) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    args = parse(monkeypatch, argv)
+    check_args(args)
+    trainer = trainer_defaults(args)
+    assert trainer.get("TBA_CHECKPOINT_EVERY") == checkpoint_every
+    assert (trainer["TBA_LR_SCHEDULE"], trainer["TBA_LR_DECAY_FRACTION"]) == ("wsd", "0.5")
+    first = searcher_defaults(args, 0)
+    assert first["TBA_PROMPTS_PER_BATCH"] == batch and first["TBA_REF_NICE"] == "0"
+    assert ("TBA_MAX_BATCHES_PER_VERSION" in first) == paced
+    if args.backfill:  # the backfill searcher on the trainer's core keeps small batches, scored at once
+        backfill = searcher_defaults(args, args.searchers)
+        assert backfill["TBA_PROMPTS_PER_BATCH"] == "8"
+        assert backfill["VLLM_CPU_OMP_THREADS_BIND"] == "1" and first["VLLM_CPU_OMP_THREADS_BIND"] == "0"
