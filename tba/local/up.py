@@ -304,22 +304,12 @@ def separate_cores(args: argparse.Namespace) -> bool:
     return bool(a and b and not set(a) & set(b))
 
 
-def free_running(args: argparse.Namespace) -> bool:
-    """Searchers on cores of their own feeding an asynchronous trainer: they generate freely, as in the paper."""
-    return separate_cores(args) and args.mode == "async"
-
-
 def trainer_defaults(args: argparse.Namespace) -> dict[str, str]:
     """The trainer's settings that ``tba up`` chooses unless the environment sets them."""
     # The trainer's budget ends with the run's (TBA_MAX_SECONDS), so a decaying LR schedule reaches 0 as time
     # runs out: warmup-stable-decay over the last half (at a constant LR the accuracy oscillates late in a
     # run; docs/results/arithmetic-10min.md).
-    out = {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
-    if free_running(args):
-        # Free-running searchers generate batches of 16 prompts (searcher_defaults): a checkpoint every 4
-        # steps is a reload per batch or two, where every 2 steps paused generation for a reload per batch.
-        out["TBA_CHECKPOINT_EVERY"] = "4"
-    return out
+    return {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
 
 
 def searcher_defaults(args: argparse.Namespace, i: int) -> dict[str, str]:
@@ -327,10 +317,9 @@ def searcher_defaults(args: argparse.Namespace, i: int) -> dict[str, str]:
     ``--searchers``: a backfill searcher on the trainer's cores)."""
     # Fresh samples: what a searcher generates reaches the buffer one batch later, so the batch is the
     # staleness every sample starts with. Small batches, scored at once (not behind generation), keep it at a
-    # few versions on a CPU core; a free-running searcher with a core of its own takes 16 prompts, which one
-    # core generates 1.2x faster per sample than 8, for a version or so more (docs/results/decoupling.md).
-    wide = free_running(args) and i < args.searchers
-    out = {"TBA_PROMPTS_PER_BATCH": "16" if wide else "8", "TBA_REF_NICE": "0"}
+    # few versions on a CPU core. Batches of 16 on a searcher's own core generate 1.2x the samples per second
+    # and the trainer 1.3x the steps, but reached no target sooner (docs/results/decoupling.md).
+    out = {"TBA_PROMPTS_PER_BATCH": "8", "TBA_REF_NICE": "0"}
     if not separate_cores(args):
         # Searchers and the trainer share these cores: generating far ahead of the trainer only takes its
         # cycles (and fills the buffer with duplicates). One batch per policy version each. On cores of their

@@ -94,26 +94,21 @@ def test_placement_defaults(monkeypatch, allowed, argv, env, searcher_cpus, trai
 
 
 @pytest.mark.parametrize(
-    ("argv", "batch", "checkpoint_every", "paced"),
-    [
-        # Free-running searchers on a core of their own feed the asynchronous trainer: wider batches, fewer reloads.
-        ([], "16", "4", False),
-        # The synchronous baseline on the same cores, and shared cores: batches of 8, the trainer's own k.
-        (["--mode", "sync"], "8", None, False),
-        (["--placement", "shared"], "8", None, True),
-    ],
+    ("argv", "paced"),
+    [([], False), (["--mode", "sync"], False), (["--placement", "shared"], True)],
 )
-def test_service_defaults_follow_the_placement(monkeypatch, argv, batch, checkpoint_every, paced) -> None:
+def test_service_defaults_follow_the_placement(monkeypatch, argv, paced) -> None:
+    """Small batches scored at once everywhere; searchers paced to a batch per version only where they share the
+    trainer's cores; each engine's worker on a core of its own."""
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     args = parse(monkeypatch, argv)
     check_args(args)
-    trainer = trainer_defaults(args)
-    assert trainer.get("TBA_CHECKPOINT_EVERY") == checkpoint_every
-    assert (trainer["TBA_LR_SCHEDULE"], trainer["TBA_LR_DECAY_FRACTION"]) == ("wsd", "0.5")
+    assert trainer_defaults(args) == {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
     first = searcher_defaults(args, 0)
-    assert first["TBA_PROMPTS_PER_BATCH"] == batch and first["TBA_REF_NICE"] == "0"
+    assert first["TBA_PROMPTS_PER_BATCH"] == "8" and first["TBA_REF_NICE"] == "0"
     assert ("TBA_MAX_BATCHES_PER_VERSION" in first) == paced
-    if args.backfill:  # the backfill searcher on the trainer's core keeps small batches, scored at once
-        backfill = searcher_defaults(args, args.searchers)
-        assert backfill["TBA_PROMPTS_PER_BATCH"] == "8"
-        assert backfill["VLLM_CPU_OMP_THREADS_BIND"] == "1" and first["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    if args.backfill:  # the backfill searcher's worker on the trainer's core, the first searcher's on CPU 0
+        assert searcher_defaults(args, args.searchers)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+        assert first["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    else:
+        assert searcher_defaults(args, 1)["VLLM_CPU_OMP_THREADS_BIND"] == "1", "engines spread over the cores"
