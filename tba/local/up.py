@@ -304,12 +304,15 @@ def separate_cores(args: argparse.Namespace) -> bool:
     return bool(a and b and not set(a) & set(b))
 
 
-def trainer_defaults(args: argparse.Namespace) -> dict[str, str]:
-    """The trainer's settings that ``tba up`` chooses unless the environment sets them."""
-    # The trainer's budget ends with the run's (TBA_MAX_SECONDS), so a decaying LR schedule reaches 0 as time
-    # runs out: warmup-stable-decay over the last half (at a constant LR the accuracy oscillates late in a
-    # run; docs/results/arithmetic-10min.md).
-    return {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
+# The trainer's settings that ``tba up`` chooses unless the environment sets them. The trainer's budget ends
+# with the run's (TBA_MAX_SECONDS), so a decaying LR schedule reaches 0 as time runs out: warmup-stable-decay
+# over the last half (at a constant LR the accuracy oscillates late in a run; docs/results/arithmetic-10min.md).
+TRAINER_DEFAULTS = {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
+
+
+def searcher_cpus(args: argparse.Namespace, i: int) -> list[int] | None:
+    """Searcher ``i``'s CPUs: the searchers' (``i`` past ``--searchers``: a backfill searcher, the trainer's)."""
+    return args.searcher_cpus if i < args.searchers else args.trainer_cpus
 
 
 def searcher_defaults(args: argparse.Namespace, i: int) -> dict[str, str]:
@@ -327,8 +330,7 @@ def searcher_defaults(args: argparse.Namespace, i: int) -> dict[str, str]:
         out["TBA_MAX_BATCHES_PER_VERSION"] = "1"
     # vLLM's CPU build pins every engine to the same core by default; spread them instead (over the searcher's
     # CPUs when given).
-    cpus = args.searcher_cpus if i < args.searchers else args.trainer_cpus
-    spread = cpus or list(range(os.cpu_count() or 1))
+    spread = searcher_cpus(args, i) or list(range(os.cpu_count() or 1))
     out["VLLM_CPU_OMP_THREADS_BIND"] = str(spread[i % len(spread)])
     return out
 
@@ -458,7 +460,7 @@ class LocalRun:
         if self.args.max_steps:
             trainer_env["TBA_MAX_STEPS"] = str(self.args.max_steps)
         trainer_env["TBA_MAX_SECONDS"] = f"{max(1.0, self.t0 + self.args.minutes * 60 - time.time()):.0f}"
-        for key, value in trainer_defaults(self.args).items():
+        for key, value in TRAINER_DEFAULTS.items():
             trainer_env.setdefault(key, value)
         trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
         self.sup.add(
@@ -470,7 +472,7 @@ class LocalRun:
             name, port = f"searcher-{i}", free_port()
             # Past --searchers: backfill searchers on the trainer's cores at the lowest priority, which
             # generate only while the trainer waits.
-            cpus = self.args.searcher_cpus if i < self.args.searchers else self.args.trainer_cpus
+            cpus = searcher_cpus(self.args, i)
             status_urls[name] = f"http://127.0.0.1:{port}"
             s_env = {
                 **env,

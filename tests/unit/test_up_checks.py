@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from tba.local.up import UsageError, add_arguments, check_args, searcher_defaults, split_cpus, trainer_defaults
+from tba.local.up import TRAINER_DEFAULTS, UsageError, add_arguments, check_args, searcher_defaults, split_cpus
 from tba.settings import SettingsError
 
 
@@ -103,12 +103,12 @@ def test_service_defaults_follow_the_placement(monkeypatch, argv, paced) -> None
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     args = parse(monkeypatch, argv)
     check_args(args)
-    assert trainer_defaults(args) == {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
+    assert TRAINER_DEFAULTS == {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
     first = searcher_defaults(args, 0)
     assert first["TBA_PROMPTS_PER_BATCH"] == "8" and first["TBA_REF_NICE"] == "0"
     assert ("TBA_MAX_BATCHES_PER_VERSION" in first) == paced
     if args.backfill:  # the backfill searcher's worker on the trainer's core, the first searcher's on CPU 0
         assert searcher_defaults(args, args.searchers)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
         assert first["VLLM_CPU_OMP_THREADS_BIND"] == "0"
-    else:
+    elif args.searchers > 1:
         assert searcher_defaults(args, 1)["VLLM_CPU_OMP_THREADS_BIND"] == "1", "engines spread over the cores"
