@@ -33,6 +33,7 @@ class Arm:
     mode: str = "async"  # async | sync
     loss: str = "tb"  # tb | grpo
     searchers: int = 1
+    backfill: int | None = None  # tba up --backfill: searchers on the trainer's cores at the lowest priority
     trainer_cpus: str | None = None  # tba up --trainer-cpus
     searcher_cpus: str | None = None  # tba up --searcher-cpus
     placement: str = "shared"  # tba up --placement, where no CPU list is given
@@ -46,6 +47,7 @@ class Arm:
             no_console=True,
             no_report=True,
             searchers=self.searchers,
+            backfill=self.backfill,
             minutes=minutes,
             run_dir=run_dir,
             task=self.task,
