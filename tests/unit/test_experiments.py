@@ -46,6 +46,9 @@ def test_arm_command_places_the_services_and_names_the_base() -> None:
         "--eval-prompts 50",
     ):
         assert part in joined
+    assert "--backfill" not in joined  # unset: tba up's own default
+    backfilled = Arm("b", trainer_cpus="1", searcher_cpus="0", backfill=1).command(0, 5.0, Path("/r"), 200, False)
+    assert backfilled[backfilled.index("--backfill") + 1] == "1"
 
 
 def test_successes_are_counted_per_run_window_from_the_searchers_records(tmp_path: Path) -> None:
