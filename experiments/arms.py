@@ -40,6 +40,7 @@ class Arm:
     base_model: str | None = None  # tba up --base-model (default: the task's own SFT base)
     env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
     eval_every: float | None = None  # tba up --eval-every (default: its own, 30 s)
+    eval_after: bool = False  # tba up --eval-after: checkpoints taken every eval_every, evaluated after the run
 
     def command(self, seed: int, minutes: float, run_dir: Path, eval_prompts: int, keep_evaluated: bool) -> list[str]:
         return tba_command(
@@ -61,6 +62,7 @@ class Arm:
             searcher_cpus=self.searcher_cpus,
             placement=self.placement,
             eval_every=self.eval_every,
+            eval_after=self.eval_after,
         )
 
 

@@ -41,6 +41,7 @@ from tba.tracking import Tracker
 HELP = "Run the whole system locally: redis, buffer, trainer and N searchers as processes, with a live console."
 log = logging.getLogger("tba.local.up")
 SUMMARY_EVERY_SECONDS = 10.0  # how often the running summary is rewritten
+EVAL_JOIN_SECONDS = 120.0  # how long shutdown waits for an evaluation under way
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the run; the trainer keeps only its newest few).",
     )
     parser.add_argument(
+        "--eval-after",
+        action="store_true",
+        help="Evaluate after the run instead of during it: every --eval-every seconds the newest checkpoint is "
+        "hard-linked into <run-dir>/evaluated/ (no bytes copied), and once the services have stopped each is "
+        "evaluated and recorded at the time it was taken. The run's cores then serve only the system, and a "
+        "short --eval-every costs the run nothing (for experiments; the console shows no accuracy meanwhile).",
+    )
+    parser.add_argument(
         "--wandb",
         choices=["off", "offline", "online"],
         default=os.environ.get("TBA_WANDB", "off"),
@@ -151,6 +160,40 @@ def _wait_http(url: str, timeout: float, child) -> None:
     raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
 
 
+@dataclass(frozen=True)
+class TakenCheckpoint:
+    """A checkpoint set aside during the run to be evaluated after it (``--eval-after``)."""
+
+    t: float  # seconds into the run when it was taken: the time its evaluation is recorded at
+    version: int
+    path: Path
+    content_hash: str | None  # what its files must hash to (None: the base model, not a published checkpoint)
+
+
+def link_checkpoint(src: Path, dest: Path) -> Path:
+    """``dest`` holding the model files of the checkpoint ``src`` (its top-level files, not the trainer's resume
+    state), hard-linked where the file system allows, else copied. A published checkpoint's files are never
+    written again, so a link is a snapshot that outlives the trainer's pruning of ``src``, and costs no copy.
+    Built beside ``dest`` and renamed into place: a ``dest`` that exists is whole."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for path in src.iterdir():
+            if path.is_file():
+                try:
+                    os.link(path, tmp / path.name)
+                except FileNotFoundError:
+                    raise
+                except OSError:  # another file system, or one without hard links
+                    shutil.copy2(path, tmp / path.name)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
 class _Stop:
     """Set by SIGINT/SIGTERM: the main loop then shuts down in order."""
 
@@ -178,6 +221,10 @@ def check_args(args: argparse.Namespace) -> None:
     from tba.settings import SearcherSettings, TrainerSettings, load_settings
     from tba.tasks import make_task
 
+    if not 0.5 <= args.eval_every <= 86400:
+        raise UsageError(f"--eval-every must be in [0.5, 86400] seconds, got {args.eval_every:g}")
+    if args.eval_prompts < 1:
+        raise UsageError(f"--eval-prompts must be at least 1, got {args.eval_prompts}")
     if args.searchers is not None and args.searchers < 1:
         raise UsageError(f"--searchers must be at least 1, got {args.searchers}")
     if args.placement not in ("split", "shared"):  # TBA_PLACEMENT reaches the flag's default unchecked
@@ -368,6 +415,8 @@ class LocalRun:
         self.redis_url = ""
         self.listen_done = threading.Event()  # outlives the stop event: the final checkpoint is announced late
         self.evals: list[dict] = []
+        self.taken: list[TakenCheckpoint] = []  # --eval-after: the checkpoints set aside, evaluated after the run
+        self.eval_thread: threading.Thread | None = None
         self.base_model: Path | None = None
         self.endpoints: dict[str, str] = {}  # service name -> its address, for the running summary
         self.tracker: Tracker | None = None  # the evaluations' TensorBoard events (and W&B run)
@@ -526,7 +575,8 @@ class LocalRun:
         threading.Thread(target=listen, name="announcements", daemon=True).start()
 
     # --- evaluation -----------------------------------------------------
-    def _evaluate(self, model_dir: Path, version: int) -> float:
+    def _evaluate(self, model_dir: Path, version: int, t: float | None = None) -> float:
+        """Evaluate ``model_dir`` and record it at ``t`` (seconds into the run; default: now)."""
         from tba.model.evaluation import evaluate_checkpoint
 
         s = self.args.searcher_settings  # evaluate as the searchers ask: prompt form, completion length
@@ -543,7 +593,8 @@ class LocalRun:
             max_new_tokens=s.max_new_tokens,
         )
         acc = float(result["greedy_accuracy"])
-        self.evals.append({"t": time.time() - self.t0, "version": version, "accuracy": acc})
+        now = time.time() - self.t0
+        self.evals.append({"t": now if t is None else t, "version": version, "accuracy": acc, "evaluated_at": now})
         if self.tracker is not None:  # at the trainer's step of this version, beside its trainer/* series
             self.tracker.scalars(version, {"greedy_accuracy": acc, "seconds": self.evals[-1]["t"]}, prefix="eval")
         with (self.run_dir / "evals.jsonl").open("a") as f:
@@ -551,28 +602,75 @@ class LocalRun:
         return acc
 
     def _eval_loop(self, observer, base_model: Path) -> None:
-        """Evaluate the newest checkpoint every --eval-every seconds (off the main thread)."""
+        """Every --eval-every seconds, the newest checkpoint: evaluated at once (off the main thread), or with
+        --eval-after set aside to be evaluated after the run (:meth:`_evaluate_taken`)."""
         from tba.checkpoints import CheckpointError, CheckpointStore
 
         store = CheckpointStore(self.ckpt_dir)
-        observer.record_accuracy(0, self._evaluate(base_model, 0))
+        if self.args.eval_after:
+            self.taken.append(TakenCheckpoint(0.0, 0, base_model, None))
+        else:
+            observer.record_accuracy(0, self._evaluate(base_model, 0))
         last = 0
         while not self.stop.event.wait(self.args.eval_every):
             manifest = store.read_manifest()
             if manifest is None or manifest.version == last:
                 continue
             try:
-                model_dir = store.verify(manifest)
-                if self.args.keep_evaluated:  # copied first: the trainer prunes old checkpoints
-                    kept = self.run_dir / "evaluated" / f"v{manifest.version:06d}"
-                    shutil.copytree(model_dir, kept)
-                    model_dir = kept
-                acc = self._evaluate(model_dir, manifest.version)
+                if self.args.eval_after:
+                    self._take(store, manifest)
+                else:
+                    model_dir = store.verify(manifest)
+                    if self.args.keep_evaluated:  # linked first: the trainer prunes old checkpoints
+                        model_dir = link_checkpoint(model_dir, self._evaluated_dir(manifest.version))
+                    observer.record_accuracy(manifest.version, self._evaluate(model_dir, manifest.version))
             except (CheckpointError, OSError) as err:  # pruned under our feet: try the next one
                 log.warning("evaluation of v%d skipped: %s", manifest.version, err)
                 continue
             last = manifest.version
-            observer.record_accuracy(manifest.version, acc)
+
+    def _evaluated_dir(self, version: int) -> Path:
+        return self.run_dir / "evaluated" / f"v{version:06d}"
+
+    def _take(self, store, manifest, t: float | None = None) -> None:
+        """--eval-after: link the checkpoint of ``manifest`` aside, taken at ``t`` (default: now). Its hash is
+        checked when it is evaluated, after the run: nothing is read here."""
+        t = time.time() - self.t0 if t is None else t
+        path = link_checkpoint(store.resolve(manifest), self._evaluated_dir(manifest.version))
+        self.taken.append(TakenCheckpoint(t, manifest.version, path, manifest.content_hash))
+
+    def _evaluate_taken(self, observer) -> None:
+        """--eval-after: evaluate every checkpoint set aside, in the order taken, each recorded at the time it was
+        taken; then drop the links (kept with --keep-evaluated)."""
+        from tba.checkpoints import content_hash
+
+        log.info("evaluating the %d checkpoints taken during the run", len(self.taken))
+        for taken in self.taken:
+            if taken.content_hash is not None and content_hash(taken.path) != taken.content_hash:
+                log.warning("evaluation of v%d skipped: its files do not match its manifest", taken.version)
+                continue
+            observer.record_accuracy(taken.version, self._evaluate(taken.path, taken.version, taken.t))
+        if not self.args.keep_evaluated:
+            shutil.rmtree(self.run_dir / "evaluated", ignore_errors=True)
+
+    def _final_eval(self, observer, stopped_at: float) -> None:
+        """The last published checkpoint, if the eval loop has not had it: evaluated now, or with --eval-after
+        taken as of ``stopped_at`` (when the run's budget ended) and evaluated with the others."""
+        from tba.checkpoints import CheckpointError, CheckpointStore
+
+        store = CheckpointStore(self.ckpt_dir)
+        manifest = store.read_manifest()
+        seen = [c.version for c in self.taken] if self.args.eval_after else [e["version"] for e in self.evals]
+        try:
+            if manifest is not None and (not seen or seen[-1] != manifest.version):
+                if self.args.eval_after:
+                    self._take(store, manifest, stopped_at)
+                else:
+                    self._evaluate(store.verify(manifest), manifest.version)
+        except (CheckpointError, OSError) as err:
+            log.warning("final evaluation skipped: %s", err)
+        if self.args.eval_after:
+            self._evaluate_taken(observer)
 
     # --- main loop ------------------------------------------------------
     def run(self) -> int:
@@ -625,7 +723,10 @@ class LocalRun:
         observer = Observer(buffer_url, self.token, status_urls, self.run_dir / "timeline.jsonl")
         self._write_summary(observer, {}, "running")
         self._subscribe_versions(self.redis_url, observer)
-        threading.Thread(target=self._eval_loop, args=(observer, base_model), name="eval", daemon=True).start()
+        self.eval_thread = threading.Thread(
+            target=self._eval_loop, args=(observer, base_model), name="eval", daemon=True
+        )
+        self.eval_thread.start()
         try:
             self._watch(observer)
         finally:
@@ -695,6 +796,7 @@ class LocalRun:
     def _shutdown(self, observer) -> int:
         from tba.local.report import write_report
 
+        stopped_at = time.time() - self.t0
         self.stop.event.set()
         log.info("stopping searchers and trainer")
         self.sup.stop([c.name for c in self.sup.children if c.name.startswith("searcher")] + ["trainer"], 60)
@@ -702,7 +804,9 @@ class LocalRun:
         self.listen_done.set()
         self.sup.stop(["buffer"], 15)
         self.sup.stop(["redis"], 15)
-        self._final_eval()
+        if self.eval_thread is not None:  # an evaluation under way finishes before the last one is added
+            self.eval_thread.join(EVAL_JOIN_SECONDS)
+        self._final_eval(observer, stopped_at)
         if self.tracker is not None:
             self.tracker.close()
         summary = self._write_summary(observer, final, "complete")
@@ -743,16 +847,3 @@ class LocalRun:
             return None
         finally:
             client.close()
-
-    def _final_eval(self) -> None:
-        """Evaluate the last published checkpoint if the eval loop has not yet."""
-        from tba.checkpoints import CheckpointError, CheckpointStore
-
-        store = CheckpointStore(self.ckpt_dir)
-        manifest = store.read_manifest()
-        if manifest is None or (self.evals and self.evals[-1]["version"] == manifest.version):
-            return
-        try:
-            self._evaluate(store.verify(manifest), manifest.version)
-        except (CheckpointError, OSError) as err:
-            log.warning("final evaluation skipped: %s", err)

@@ -2,7 +2,9 @@
 
 One searcher (real vLLM with adapters enabled), the buffer, Redis and the trainer on the SFT base, for
 a few steps: the trainer publishes adapters, the searcher adds each to its engine and stamps its groups
-with the adapter's version, the run's evaluations read the adapters, nothing is left running.
+with the adapter's version, the run's evaluations read the adapters, nothing is left running. The run
+evaluates after it stops (``--eval-after``): the adapters it set aside are evaluated once training is over,
+each recorded at the time it was taken.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
         max_steps=STEPS,
         run_dir=run_dir,
         base_model=sft_model,
-        eval_every=20,
+        eval_every=1,
+        eval_after=True,
         eval_prompts=50,
         no_report=True,
     )
@@ -67,6 +70,20 @@ def test_the_runs_evaluations_read_the_adapters(run: dict) -> None:
     evals = [json.loads(line) for line in (run["dir"] / "evals.jsonl").read_text().splitlines()]
     assert any(e["version"] > 0 for e in evals), evals
     assert run["summary"]["accuracy_end"] is not None
+
+
+def test_the_adapters_set_aside_were_evaluated_after_training_at_the_time_taken(run: dict) -> None:
+    from tba.local.report import read_jsonl
+
+    summary = run["summary"]
+    evals = summary["evaluations"]
+    last_step = read_jsonl(run["dir"] / "trainer_metrics.jsonl")[-1]["ts"] - summary["started_at"]
+    assert evals[0]["version"] == 0 and evals[-1]["version"] == max(summary["versions_published"])
+    assert [e["version"] for e in evals] == sorted({e["version"] for e in evals}), "each version once, in order"
+    assert all(a["t"] < b["t"] for a, b in zip(evals, evals[1:], strict=False)), evals
+    assert all(e["t"] <= e["evaluated_at"] for e in evals), evals
+    assert min(e["evaluated_at"] for e in evals) >= last_step, "an evaluation ran while the trainer trained"
+    assert not (run["dir"] / "evaluated").exists(), "the links are dropped after the run (no --keep-evaluated)"
 
 
 def test_nothing_left_running(run: dict) -> None:

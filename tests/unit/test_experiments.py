@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from experiments.arms import Arm, busy_fractions, ratio_spread, spread, time_to
+from experiments.decoupling import EVAL_EVERY, coarse, training_time_to
 from experiments.redteam import found
 
 
@@ -47,6 +50,8 @@ def test_arm_command_places_the_services_and_names_the_base() -> None:
     ):
         assert part in joined
     assert "--backfill" not in joined  # unset: tba up's own default
+    assert "--eval-after" not in joined
+    assert "--eval-after" in Arm("c", eval_after=True).command(0, 5.0, Path("/r"), 200, False)
     backfilled = Arm("b", trainer_cpus="1", searcher_cpus="0", backfill=1).command(0, 5.0, Path("/r"), 200, False)
     assert backfilled[backfilled.index("--backfill") + 1] == "1"
 
@@ -88,3 +93,16 @@ def test_decoupling_arms_differ_only_in_the_mode_and_run_the_configuration_s_tas
         assert s.env["TBA_MAX_BATCHES_PER_VERSION"] == "1" and u.env == {"TBA_RECENCY_ORDER": "newest"}
         assert {x.searcher_cpus for x in (a, s, u)} == {"0"} and {x.trainer_cpus for x in (a, s, u)} == {"1"}
     assert len(arms("arithmetic", ablation=False)) == 2
+
+
+def test_times_to_a_target_on_the_runs_grid_and_a_coarser_one() -> None:
+    """The checkpoints are taken every EVAL_EVERY seconds (with a little drift); the coarser grid keeps one in 3."""
+    accuracies = [0.30, 0.45, 0.52, 0.61, 0.58, 0.66, 0.72]
+    evaluations = [{"t": i * EVAL_EVERY + 0.01 * i, "accuracy": a} for i, a in enumerate(accuracies)]
+    assert [e["accuracy"] for e in coarse(evaluations)] == [0.30, 0.61, 0.72]
+    summary = {"evaluations": evaluations, "started_at": 100.0}
+    rows = [{"ts": 100.0 + EVAL_EVERY}]  # the trainer's first step, one grid step after the launch
+    assert training_time_to(summary, rows, 0.5) == pytest.approx(EVAL_EVERY + 0.02)
+    assert training_time_to(summary, rows, 0.5, every=3) == pytest.approx(2 * EVAL_EVERY + 0.03)
+    assert training_time_to(summary, rows, 0.7, every=3) == pytest.approx(5 * EVAL_EVERY + 0.06)
+    assert training_time_to(summary, rows, 0.8) is None

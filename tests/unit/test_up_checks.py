@@ -23,6 +23,9 @@ def parse(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str] 
     ("argv", "env", "error", "says"),
     [
         (["--searchers", "0"], {}, UsageError, "--searchers must be at least 1, got 0"),
+        (["--eval-every", "0"], {}, UsageError, "--eval-every must be in [0.5, 86400] seconds, got 0"),
+        (["--eval-every", "nan"], {}, UsageError, "--eval-every must be in [0.5, 86400] seconds, got nan"),
+        (["--eval-prompts", "0"], {}, UsageError, "--eval-prompts must be at least 1, got 0"),
         ([], {"TBA_PLACEMENT": "apart"}, UsageError, "TBA_PLACEMENT must be split or shared, got 'apart'"),
         (["--backfill", "9"], {}, UsageError, "--backfill must be in [0, 8], got 9"),
         (["--backfill", "1", "--placement", "shared"], {}, UsageError, "--backfill puts searchers on the trainer's"),
