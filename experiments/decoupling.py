@@ -29,7 +29,8 @@ trainer steps, the update-to-data ratio (samples trained on per sample generated
 the samples trained on, each core's busy fraction and the synchronous cycle's parts; per seed the
 async/sync ratio of the times.
 
-Cost: 2 arms x seeds x (each budget + ~1 min start-up and shutdown); 3 seeds at 5 and 10 minutes: ~100 min.
+Cost: 2 arms x seeds x (each budget + ~1 min start-up and shutdown + the evaluations after the run, 25-45 s);
+3 seeds at 5 and 10 minutes: ~105 min.
 Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy]``.
 """
 
