@@ -99,8 +99,7 @@ def training_time_to(summary: dict, rows: list[dict], target: float, every: int 
     """Seconds from the trainer's first optimizer step to the first evaluation at or above ``target`` (on the
     grid ``every`` times coarser than the run's): the start-up before it (loading the engine and the models,
     the first batch) is the same in every arm and is not what decoupling speeds up."""
-    evaluations = summary["evaluations"] if every == 1 else coarse(summary["evaluations"], every)
-    t = time_to(evaluations, target)
+    t = time_to(coarse(summary["evaluations"], every), target)
     if t is None or not rows:
         return None
     return max(0.0, t - (rows[0]["ts"] - summary["started_at"]))
@@ -163,11 +162,13 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         + " | accuracy at the end | trainer steps | update-to-data | CPU 0 busy | CPU 1 busy |",
         "|---|" + "---|" * (len(targets) + 5),
     ]
+
+    def arm_times(name: str, target: float, every: int = 1) -> list[float | None]:
+        """Each seed's time to ``target`` in arm ``name``, from the trainer's first step."""
+        return [training_time_to(s, r, target, every) for s, r in zip(runs[name], rows[name], strict=True)]
+
     for name, summaries in runs.items():
-        cells = [
-            spread([training_time_to(s, r, t) for s, r in zip(summaries, rows[name], strict=True)], "{:.0f}")
-            for t in targets
-        ]
+        cells = [spread(arm_times(name, t), "{:.0f}") for t in targets]
         cells.append(spread([100 * s["evaluations"][-1]["accuracy"] for s in summaries], unit="%"))
         cells.append(spread([s.get("trainer_steps") or 0 for s in summaries], "{:.0f}"))
         cells.append(spread([update_to_data(s) for s in summaries], "{:.2f}"))
@@ -176,16 +177,13 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Time to target, async / sync (ratio of the mean times; range of the per-seed ratios):", ""]
     for t in targets:
-        a = [training_time_to(s, r, t) for s, r in zip(runs["async-tb"], rows["async-tb"], strict=True)]
-        b = [training_time_to(s, r, t) for s, r in zip(runs["sync-tb"], rows["sync-tb"], strict=True)]
         a0 = [time_to(s["evaluations"], t) for s in runs["async-tb"]]
         b0 = [time_to(s["evaluations"], t) for s in runs["sync-tb"]]
-        lines.append(f"- {t:.0%}: {ratio_spread(a, b)}; from launch {ratio_spread(a0, b0)}")
+        ratio = ratio_spread(arm_times("async-tb", t), arm_times("sync-tb", t))
+        lines.append(f"- {t:.0%}: {ratio}; from launch {ratio_spread(a0, b0)}")
     lines += ["", f"The same on a {COARSE * EVAL_EVERY:g}-s grid (one evaluation in {COARSE}):", ""]
     for t in targets:
-        a = [training_time_to(s, r, t, COARSE) for s, r in zip(runs["async-tb"], rows["async-tb"], strict=True)]
-        b = [training_time_to(s, r, t, COARSE) for s, r in zip(runs["sync-tb"], rows["sync-tb"], strict=True)]
-        lines.append(f"- {t:.0%}: {ratio_spread(a, b)}")
+        lines.append(f"- {t:.0%}: {ratio_spread(arm_times('async-tb', t, COARSE), arm_times('sync-tb', t, COARSE))}")
     buckets = list(staleness_histogram([]))
     lines += [
         "",
