@@ -62,7 +62,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> dict:
         max_steps=STEPS,
         run_dir=run_dir,
         base_model="smollm2-135m-instruct",
-        eval_every=100000,
+        eval_every=86400,  # the bound: no evaluation until the final one
         eval_prompts=4,
     )
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MINUTES * 60 + 300)
