@@ -113,13 +113,15 @@ def update_to_data(summary: dict) -> float | None:
 
 
 def cycle_parts(rows: list[dict]) -> dict[str, float] | None:
-    """Median seconds per step: the whole cycle (step to step), the trainer's compute and its wait for the batch;
-    the rest is publishing the checkpoint and the trainer's own bookkeeping."""
+    """Median seconds per step: the whole cycle (step to step), the trainer's compute (the reference pass, where
+    the trainer runs it, included) and its wait for the batch; the rest is publishing the checkpoint and the
+    trainer's own bookkeeping."""
     if len(rows) < 3:
         return None
     return {
         "cycle": statistics.median(b["ts"] - a["ts"] for a, b in zip(rows, rows[1:], strict=False)),
         "compute": statistics.median(r["step_s"] for r in rows),
+        "reference": statistics.median(r.get("ref_s", 0.0) for r in rows),
         "wait": statistics.median(r["wait_s"] for r in rows),
     }
 
@@ -188,7 +190,8 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
     lines += [
         "",
         "Per run: steps; accuracy start → lowest → end; times to the targets (s); update-to-data; median cycle = "
-        "compute + wait + the rest (s); share of the samples trained on by staleness in versions "
+        "compute + wait + the rest (s); the searcher's generate + score and publish per batch (s); share of the "
+        "samples trained on by staleness in versions "
         f"({' / '.join(buckets)}):",
         "",
     ]
@@ -205,10 +208,12 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
                 else "-"
             )
             hist = " / ".join(f"{100 * v:.0f}%" for v in staleness_histogram(r).values())
+            work = work_per_batch(out / name / f"seed-{s['seed']}")
+            searched = f"{work['generate']:.3f} + {work['score']:.3f}" if work else "-"
             lines.append(
                 f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps; {ev[0]['accuracy']:.1%} → "
                 f"{min(e['accuracy'] for e in ev):.1%} → {ev[-1]['accuracy']:.1%}; {times}; "
-                f"{'-' if utd is None else f'{utd:.2f}'}; {cycle}; {hist}"
+                f"{'-' if utd is None else f'{utd:.2f}'}; {cycle}; {searched}; {hist}"
             )
     lines += [
         "",
@@ -222,7 +227,9 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         known = parts["compute"] + sum(work.values())
         lines.append(
             f"- seed {s['seed']}: cycle {parts['cycle']:.3f} = generate {work['generate']:.3f} + score and publish "
-            f"{work['score']:.3f} + reload {work['reload']:.3f} + train {parts['compute']:.3f} + checkpoint "
+            f"{work['score']:.3f} + reload {work['reload']:.3f} + train {parts['compute']:.3f}"
+            + (f" (of which the reference pass {parts['reference']:.3f})" if parts["reference"] else "")
+            + " + checkpoint "
             f"{work['publish']:.3f} + overhead {parts['cycle'] - known:.3f}"
         )
     lines += ["", f"![accuracy against time, {minutes:g} minutes]({plot.name})", ""]

@@ -172,7 +172,10 @@ class ScoredSample(_Strict):
     completion_text: str = Field("", description="Decoded completion, for humans and rewards.")
     reward: Reward = Field(description=f"Task reward r(x, y), within ±{MAX_ABS_REWARD:g}.")
     logprob_sum: LogProb = Field(description="Behaviour policy log-prob sum, tempered logits.")
-    ref_logprob_sum: LogProb = Field(description="Reference model log-prob sum, tempered logits.")
+    ref_logprob_sum: LogProb | None = Field(
+        description="Reference model log-prob sum, tempered logits; null where the trainer computes it "
+        "(TBA_REF_PASS=trainer)."
+    )
     finish_reason: FinishReason = Field("stop", description="Why generation ended.")
     token_logprobs: list[LogProb] | None = Field(None, description="Per-token behaviour log-probs, if asked.")
     env_spans: EnvSpans | None = Field(
@@ -286,7 +289,7 @@ class SampledSample(_Strict):
     completion_ids: list[int]
     reward: float
     logprob_sum: float
-    ref_logprob_sum: float
+    ref_logprob_sum: float | None  # None: the trainer computes it (TBA_REF_PASS=trainer)
     version: int = Field(description="Policy version that generated the sample.")
     staleness: int = Field(description="trainer_version - version.")
     finish_reason: FinishReason = "stop"

@@ -144,6 +144,13 @@ class ModelSettings(CommonSettings):
     seed: int = Field(0, description="Random seed.")
     metrics_host: str = Field("127.0.0.1", description="Address of the health/metrics HTTP server.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the health/metrics server (0: any free).")
+    ref_pass: Literal["searcher", "trainer"] = Field(
+        "searcher",
+        description="Where log pi_ref(y|x) is computed: on the searchers (each loads the base model "
+        "beside its engine) or on the trainer (the base model, or the LoRA policy with its adapters off; "
+        "one trainer process), which leaves the searchers only generation and rewards. Set it alike "
+        "on both services.",
+    )
     lora_rank: int = Field(
         0,
         ge=0,

@@ -9,7 +9,8 @@ a batch costs about a fifth of the token positions of one row per completion.
 
 On a CPU host it runs on the searcher's scoring thread, which :mod:`services.searcher.cpus` puts
 on the cores the generation worker leaves, below generation's priority: scoring batch i overlaps
-generating batch i+1. On GPU hosts it runs on ``ref_device``.
+generating batch i+1. On GPU hosts it runs on ``ref_device``. With ``TBA_REF_PASS=trainer`` the searcher
+loads no reference model and the trainer scores the samples (:mod:`services.trainer.reference`).
 """
 
 from __future__ import annotations
@@ -28,21 +29,13 @@ class Reference:
 
     def __init__(self, settings: SearcherSettings, pad_id: int) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
-        from tba.model.logprobs import MASKED_ATTENTION, takes_tree_mask
+        from tba.model.reference import load_reference_model
 
         self.settings = settings
         self.pad_id = pad_id
-        self.model = AutoModelForCausalLM.from_pretrained(str(settings.model), dtype=getattr(torch, settings.dtype))
-        self.model.to(settings.ref_device).eval()  # type: ignore[arg-type]  # transformers types .to as an unbound wrapper
+        self.model = load_reference_model(settings.model, settings.dtype, settings.ref_device)
         self.vocab_size = int(self.model.config.vocab_size)
-        if not takes_tree_mask(self.model):
-            raise ValueError(
-                f"{settings.model}: the reference pass needs attention that takes a 4D mask "
-                f"({' or '.join(MASKED_ATTENTION)}), this model loads with "
-                f"{self.model.config._attn_implementation!r}"
-            )
         if torch.device(settings.ref_device).type == "cpu":
             # The generation worker has its own cores: more threads than the spare ones would take from it.
             torch.set_num_threads(settings.ref_threads or max(1, len(spare_cpus())))

@@ -8,8 +8,9 @@ the two sides of the TB loss agree (docs/algorithm.md §3), by the prefix-sharin
 of :mod:`services.searcher.reference`. While the engine still serves the base
 weights (version 0, before the first checkpoint: the warm-up that fills the
 buffer) the policy IS the reference, and vLLM's own tempered log-probs are
-reused instead of a second pass (``ref_reuse_at_base``). Rewards see the
-decoded text without special tokens (no EOS).
+reused instead of a second pass (``ref_reuse_at_base``). With ``TBA_REF_PASS=trainer`` the scorer holds
+no reference model and sends the other samples without log pi_ref: the trainer computes it. Rewards see
+the decoded text without special tokens (no EOS).
 
 The scorer also owns how a prompt becomes token ids (:attr:`Scorer.prompt_format`:
 plain, or the model's chat template when the task is in chat form), so the ids
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from services.searcher.engine import Completion
 from services.searcher.reference import Reference
 from tba.checkpoints import model_identity
+from tba.model.reference import model_vocab_size
 from tba.model.tokenizer import PromptFormat, load_tokenizer
 from tba.schemas import MAX_ABS_LOGPROB, MAX_ABS_REWARD, ScoredGroup, ScoredSample, scored_flags
 from tba.settings import SearcherSettings
@@ -62,8 +64,11 @@ class Scorer:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id  # masked out of the sums either way
-        self.reference = reference if reference is not None else Reference(settings, self.pad_id)
-        self.vocab_size = self.reference.vocab_size
+        # TBA_REF_PASS=trainer: no reference here, the samples go out without log pi_ref.
+        self.reference = reference
+        if self.reference is None and settings.ref_pass == "searcher":
+            self.reference = Reference(settings, self.pad_id)
+        self.vocab_size = self.reference.vocab_size if self.reference else model_vocab_size(settings.model)
         self.reference_id = model_identity(settings.model)  # stamped on every group: the buffer checks the objective
         self.dropped = 0
         self.ref_pairs_total = self.ref_pairs_scored = 0  # pairs asked for, distinct pairs the reference scored
@@ -89,6 +94,8 @@ class Scorer:
         self.ref_pairs_scored += len(index)
         if not index:
             return []
+        if self.reference is None:
+            raise RuntimeError("TBA_REF_PASS=trainer: this searcher holds no reference model")
         unique = list(index)
         scored = scored_flags([len(c) for _, c, _ in unique], [[list(e) for e in es] for _, _, es in unique])
         values = self.reference.logprobs([p for p, _, _ in unique], [c for _, c, _ in unique], scored)
@@ -99,15 +106,18 @@ class Scorer:
         flat = [(p, c) for p, group in enumerate(batch.completions) for c in group if self._usable(c)]
         if not flat:  # every episode of the batch failed (the tokenizer decodes an empty list as one text)
             return []
+        ref: Sequence[float | None]  # None: the trainer computes it
         if batch.ref_is_policy:
             # pi_theta is pi_ref here: vLLM's tempered log-probs over the same ids ARE log pi_ref(y|x).
             ref = [c.logprob_sum for _, c in flat]
+        elif self.reference is None:
+            ref = [None] * len(flat)
         else:
             ref = self.ref_logprobs(
                 [batch.prompt_ids[p] for p, _ in flat], [c.token_ids for _, c in flat], [c.env_spans for _, c in flat]
             )
         texts = self.tokenizer.batch_decode([c.token_ids for _, c in flat], skip_special_tokens=True)
-        per_prompt: list[list[tuple[Completion, float, str]]] = [[] for _ in batch.prompts]
+        per_prompt: list[list[tuple[Completion, float | None, str]]] = [[] for _ in batch.prompts]
         for (p, c), r, text in zip(flat, ref, texts, strict=True):
             per_prompt[p].append((c, r, text))
         groups = []
@@ -150,9 +160,10 @@ class Scorer:
             )
         return groups
 
-    def _in_bounds(self, **values: tuple[float, float]) -> bool:
-        """Each value finite and within its bound (the wire's, tba.schemas): the buffer would refuse the group."""
-        bad = {k: v for k, (v, limit) in values.items() if not (math.isfinite(v) and abs(v) <= limit)}
+    def _in_bounds(self, **values: tuple[float | None, float]) -> bool:
+        """Each value (None: not computed here) finite and within its bound (the wire's, tba.schemas): the
+        buffer would refuse the group."""
+        bad = {k: v for k, (v, limit) in values.items() if v is not None and not (math.isfinite(v) and abs(v) <= limit)}
         if bad:
             self.dropped += 1
             log.warning("dropping a completion with %s out of bounds", bad)

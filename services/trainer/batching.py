@@ -15,6 +15,7 @@ same prompt in two slots, both groups feed one log Z estimate.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ class Row:
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     reward: float
-    log_ref: float
+    log_ref: float | None  # None: the trainer computes it (TBA_REF_PASS=trainer)
     version: int
     staleness: int
     env_spans: list[list[int]] | None = None  # multi-turn: the environment's tokens of the completion
@@ -48,7 +49,7 @@ class Row:
 class MicroBatch:
     prompts: list[list[int]]
     completions: list[list[int]]
-    log_ref: torch.Tensor  # (n,)
+    log_ref: torch.Tensor  # (n,); NaN where the trainer computes it
     reward: torch.Tensor  # (n,)
     prompt_index: torch.Tensor  # (n,) long, local to this micro-batch
     tokens: int  # real (unpadded) tokens
@@ -60,15 +61,18 @@ class MicroBatch:
         return len(self.prompts)
 
 
-def rows_from_batch(batch: SampledBatch, vocab_size: int, max_length: int) -> tuple[list[Row], list[str]]:
-    """Rows the model can take, and one reason per group dropped (bad ids, too long, inconsistent prompt)."""
+def rows_from_batch(
+    batch: SampledBatch, vocab_size: int, max_length: int, computes_ref: bool = False
+) -> tuple[list[Row], list[str]]:
+    """Rows the model can take, and one reason per group dropped (bad ids, too long, inconsistent prompt,
+    no reference log-prob where the trainer does not compute it: ``computes_ref``)."""
     rows: list[Row] = []
     problems: list[str] = []
     prompt_tokens: dict[tuple[str, str], tuple[int, ...]] = {}
     for gi, group in enumerate(batch.groups):
         key = (group.task, group.prompt_id)
         prompt_ids = tuple(group.prompt_ids)
-        reason = _check_group(group, prompt_ids, vocab_size, max_length)
+        reason = _check_group(group, prompt_ids, vocab_size, max_length, computes_ref)
         if reason is None and prompt_tokens.setdefault(key, prompt_ids) != prompt_ids:
             reason = "same prompt id as another group but different prompt token ids"
         if reason is not None:
@@ -90,10 +94,14 @@ def rows_from_batch(batch: SampledBatch, vocab_size: int, max_length: int) -> tu
     return rows, problems
 
 
-def _check_group(group, prompt_ids: tuple[int, ...], vocab_size: int, max_length: int) -> str | None:
+def _check_group(
+    group, prompt_ids: tuple[int, ...], vocab_size: int, max_length: int, computes_ref: bool
+) -> str | None:
     if not prompt_ids or not group.samples:
         return "empty prompt or no samples"
     for s in group.samples:
+        if s.ref_logprob_sum is None and not computes_ref:
+            return "no reference log-prob: its searcher runs with TBA_REF_PASS=trainer, this trainer does not"
         ids = prompt_ids + tuple(s.completion_ids)
         if not s.completion_ids:
             return "empty completion"
@@ -140,7 +148,7 @@ def _collate(units: list[list[Row]]) -> MicroBatch:
     return MicroBatch(
         prompts=[list(r.prompt_ids) for r in rows],
         completions=[list(r.completion_ids) for r in rows],
-        log_ref=torch.tensor([r.log_ref for r in rows], dtype=torch.float32),
+        log_ref=torch.tensor([math.nan if r.log_ref is None else r.log_ref for r in rows], dtype=torch.float32),
         reward=torch.tensor([r.reward for r in rows], dtype=torch.float32),
         prompt_index=torch.tensor(index, dtype=torch.long),
         tokens=sum(r.length for r in rows),

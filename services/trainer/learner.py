@@ -21,6 +21,7 @@ import torch
 from services.trainer.batching import MicroBatch, Row, plan_micro_batches, staleness_histogram
 from services.trainer.distributed import ONE_PROCESS, Ranks, split_by_prompt
 from services.trainer.losses import LossFn, LossInput
+from services.trainer.reference import TrainerReference
 from tba.model.logprobs import sequence_logprobs, shared_prefix_logprobs, takes_tree_mask
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,6 +46,7 @@ class StepResult:
     grad_norm: float
     lr: float
     staleness: dict[int, int] = field(default_factory=dict)
+    ref_seconds: float = 0.0  # of ``seconds``: the reference pass (TBA_REF_PASS=trainer)
 
 
 class Learner:
@@ -64,6 +66,7 @@ class Learner:
         compute_dtype: str = "float32",
         prefix_sharing: bool = True,
         ranks: Ranks = ONE_PROCESS,
+        reference: TrainerReference | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -79,6 +82,8 @@ class Learner:
         self.max_length = int(getattr(config, "max_position_embeddings", 1 << 30))  # positions it takes
         self.compute_dtype = compute_dtype
         self.ranks = ranks  # under torchrun: this rank computes its share of each batch (distributed.py)
+        self.reference = reference  # log pi_ref of the samples that arrive without it (TBA_REF_PASS=trainer)
+        self.ref_seconds = 0.0  # the reference pass's share of the current step
         # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.
         self.logprobs = shared_prefix_logprobs if prefix_sharing and takes_tree_mask(model) else sequence_logprobs
 
@@ -93,11 +98,12 @@ class Learner:
         totals: dict[str, float] = defaultdict(float)
         tokens = prompts = 0
         for mb in micro:
+            log_ref = self.log_ref(mb)
             with autocast(self.device, self.compute_dtype):
                 log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id, mb.scored)
             x = LossInput(
                 log_pi=log_pi.float(),
-                log_ref=mb.log_ref.to(self.device),
+                log_ref=log_ref,
                 reward=mb.reward.to(self.device),
                 prompt_index=mb.prompt_index.to(self.device),
             )
@@ -114,13 +120,28 @@ class Learner:
         totals["prompts"] = float(prompts)
         return dict(totals), tokens, max(len(micro), at_least)
 
+    def log_ref(self, mb: MicroBatch) -> torch.Tensor:
+        """The micro-batch's log pi_ref: as the searchers sent it, else (NaN there) computed here, with the
+        policy's log-prob function and precision."""
+        log_ref = mb.log_ref.to(self.device)
+        missing = torch.isnan(log_ref)
+        if not bool(missing.any()):
+            return log_ref
+        if self.reference is None:
+            raise ValueError("samples without a reference log-prob, and this learner has no reference model")
+        start = time.perf_counter()
+        with self.reference.model() as ref, autocast(self.device, self.compute_dtype):
+            computed = self.logprobs(ref, mb.prompts, mb.completions, self.temperature, self.pad_id, mb.scored)
+        self.ref_seconds += time.perf_counter() - start
+        return torch.where(missing, computed.float(), log_ref)
+
     def step(self, rows: list[Row], beta: float) -> StepResult:
         """Take one optimizer step on ``rows`` (complete prompts) with KL coefficient ``beta``.
 
         Under torchrun every rank is given the whole batch and computes the loss on its share of the prompts."""
         if not rows:
             raise ValueError("an optimizer step needs at least one sample")
-        start = time.perf_counter()
+        start, self.ref_seconds = time.perf_counter(), 0.0
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ranks.distributed:
@@ -147,6 +168,7 @@ class Learner:
             grad_norm=grad_norm,
             lr=lr,
             staleness=staleness_histogram(rows),
+            ref_seconds=self.ref_seconds,
         )
 
     def _clip_gradients(self) -> float:

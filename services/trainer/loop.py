@@ -42,6 +42,7 @@ from services.trainer.learner import Learner
 from services.trainer.losses import BetaSchedule, make_loss
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.optim import LRSchedule, build_optimizer, set_step
+from services.trainer.reference import TrainerReference
 from tba.checkpoints import CheckpointStore, model_identity
 from tba.health import HealthServer
 from tba.keys import Keys
@@ -186,6 +187,11 @@ class Trainer:
             random.seed(s.seed)
         model = self.load_model(resume.directory if resume else None).to(self.device)
         if self.ranks.distributed:
+            if s.ref_pass == "trainer":
+                raise SettingsError(
+                    "TBA_REF_PASS=trainer needs one trainer process (its pass would break the ranks' lockstep): "
+                    "under torchrun leave the reference pass to the searchers (TBA_REF_PASS=searcher)"
+                )
             model = shard(model)
         schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction, s.max_seconds)
         optimizer, scheduler = build_optimizer(model, s.peak_lr, s.weight_decay, schedule, self.run_seconds)
@@ -213,6 +219,9 @@ class Trainer:
             compute_dtype=s.dtype,
             prefix_sharing=s.prefix_sharing,
             ranks=self.ranks,
+            reference=TrainerReference(model, str(s.model), bool(s.lora_rank), self.device)
+            if s.ref_pass == "trainer"
+            else None,
         )
         return resume
 
@@ -412,7 +421,9 @@ class Trainer:
 
     def train_on(self, batch: SampledBatch, wait_s: float = 0.0, wait_reason: str | None = None) -> bool:
         """One optimizer step on the batch's valid groups; False (no step) when none is valid."""
-        rows, problems = rows_from_batch(batch, self.learner.vocab_size, self.learner.max_length)
+        rows, problems = rows_from_batch(
+            batch, self.learner.vocab_size, self.learner.max_length, computes_ref=self.learner.reference is not None
+        )
         for problem in problems:
             log.warning("dropped from the batch: %s", problem)
         self.metrics.dropped_groups.inc(len(problems))

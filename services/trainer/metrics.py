@@ -174,6 +174,7 @@ class TrainerMetrics:
             "tokens": result.tokens,
             "micro_batches": result.micro_batches,
             "step_s": round(result.seconds, 4),
+            "ref_s": round(result.ref_seconds, 4),
             "wait_s": round(wait_s, 4),
             "wait_reason": wait_reason,
             "reuse": None if reuse is None else round(reuse, 4),

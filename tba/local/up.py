@@ -357,6 +357,17 @@ def separate_cores(args: argparse.Namespace) -> bool:
 TRAINER_DEFAULTS = {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
 
 
+def run_defaults(args: argparse.Namespace) -> dict[str, str]:
+    """Settings every service of the run shares that ``tba up`` chooses unless the environment sets them."""
+    # With search and training on CPU cores of their own, the searchers are the bottleneck and the trainer waits
+    # for data: the reference pass moves to the trainer, which then takes 1.3x the steps
+    # (docs/results/decoupling.md). Where they share cores, on GPUs (not measured), or with the trainer as several
+    # ranks (refused there), it stays on the searchers.
+    on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
+    on_trainer = on_cpu and separate_cores(args)
+    return {"TBA_REF_PASS": "trainer" if on_trainer else "searcher"}
+
+
 def searcher_cpus(args: argparse.Namespace, i: int) -> list[int] | None:
     """Searcher ``i``'s CPUs: the searchers' (``i`` past ``--searchers``: a backfill searcher, the trainer's)."""
     return args.searcher_cpus if i < args.searchers else args.trainer_cpus
@@ -439,6 +450,8 @@ class LocalRun:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        for key, value in run_defaults(self.args).items():
+            env.setdefault(key, value)
         return env
 
     def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:

@@ -125,6 +125,42 @@ def test_a_lora_step_trains_the_adapters_only(tiny_model: Path) -> None:
     assert not any(p.grad is not None for n, p in model.named_parameters() if n in frozen)
 
 
+def test_the_trainers_reference_pass_is_the_policy_with_its_adapters_off(tiny_model: Path) -> None:
+    """TBA_REF_PASS=trainer in a LoRA run: log pi_ref is the base model's, computed on the policy itself with
+    the adapters disabled (no second copy), and the policy comes back with its adapters on and in train mode."""
+    from services.trainer.batching import plan_micro_batches
+    from services.trainer.reference import TrainerReference
+
+    tok = load_tokenizer(tiny_model)
+    model = lora_model(tiny_model)
+    reference = TrainerReference(model, str(tiny_model), lora=True, device=torch.device("cpu"))
+    assert reference.frozen is None
+    prompts, completions = sequences(tok)
+    rows = [
+        Row(("arithmetic", str(tuple(p))), tuple(p), tuple(c), float(i % 2), None, 0, 0)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]
+    optimizer, scheduler = build_optimizer(model, 1e-2, 0.0, LRSchedule())
+    learner = Learner(
+        model, optimizer, scheduler, make_loss("tb"), temperature=T, pad_id=tok.pad_token_id, token_budget=4096,
+        grad_clip=1.0, reference=reference,
+    )  # fmt: skip
+    (mb,) = plan_micro_batches(rows, 4096)
+    with torch.no_grad():
+        on_base = sequence_logprobs(base_model(tiny_model), mb.prompts, mb.completions, T, tok.pad_token_id)
+        on_policy = sequence_logprobs(model, mb.prompts, mb.completions, T, tok.pad_token_id)
+    assert (on_policy - on_base).abs().max() > 0.1, "the adapters must change the policy for this to mean much"
+    model.train()
+    torch.testing.assert_close(learner.log_ref(mb), on_base, atol=1e-4, rtol=1e-5)
+    assert model.training
+    with torch.no_grad():  # the adapters are on again
+        torch.testing.assert_close(sequence_logprobs(model, mb.prompts, mb.completions, T, tok.pad_token_id), on_policy)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    result = learner.step(rows, beta=0.05)
+    assert result.ref_seconds > 0 and 0 < result.grad_norm < float("inf")
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "lora_" in n)
+
+
 def test_a_lora_checkpoint_is_the_adapter_only_and_resumes(tiny_model: Path, tmp_path: Path) -> None:
     from services.trainer.loop import Trainer
     from tba.settings import SettingsError, TrainerSettings

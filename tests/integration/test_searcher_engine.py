@@ -570,6 +570,50 @@ def test_reference_after_a_reload_is_the_trainers_computation_on_the_base(parts,
     assert again[-2:] == again[:2] and again[:2] == pytest.approx(ref[-len(eos_prompts) :][:2], abs=1e-4)
 
 
+def test_with_the_reference_pass_on_the_trainer_the_trainer_computes_the_searchers_numbers(
+    parts, tmp_path, tiny_model
+) -> None:
+    """TBA_REF_PASS=trainer: the searcher loads no reference model and publishes its samples without log pi_ref
+    (the wire carries null), except at the base weights, where vLLM's own log-probs are the reference's; the
+    trainer's pass over those samples gives what the searcher's pass gives."""
+    from services.trainer.batching import Row, plan_micro_batches
+    from services.trainer.learner import Learner
+    from services.trainer.losses import make_loss
+    from services.trainer.optim import LRSchedule, build_optimizer
+    from services.trainer.reference import TrainerReference
+    from tba.codec import encode
+
+    engine, scorer = parts
+    settings = settings_for(tiny_model, tmp_path, ref_pass="trainer")
+    lean = Scorer(settings, make_task("arithmetic"), settings.searcher_id)
+    assert lean.reference is None and lean.vocab_size == scorer.vocab_size
+    batch = generate_batch(engine, scorer, n=8)
+    groups, by_searcher = lean.score(batch), scorer.score(batch)
+    assert [s.reward for g in groups for s in g.samples] == [s.reward for g in by_searcher for s in g.samples]
+    assert all(s.ref_logprob_sum is None for g in groups for s in g.samples) and lean.ref_pairs_scored == 0
+    wire = [decode(encode(g), ScoredGroup, vocab_size=lean.vocab_size) for g in groups]
+    assert all(s.ref_logprob_sum is None for g in wire for s in g.samples)
+    batch.ref_is_policy = True  # at the base weights the searcher still has the reference's numbers, for free
+    assert all(s.ref_logprob_sum == s.logprob_sum for g in lean.score(batch) for s in g.samples)
+
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    reference = TrainerReference(policy, str(tiny_model), lora=False, device=torch.device("cpu"))
+    learner = Learner(
+        policy, *build_optimizer(policy, 1e-3, 0.0, LRSchedule()), make_loss("tb"),
+        temperature=T, pad_id=lean.pad_id, token_budget=100_000, grad_clip=None, reference=reference,
+    )  # fmt: skip
+    rows = [Row(("arithmetic", g.prompt_id), tuple(g.prompt_ids), tuple(s.completion_ids), s.reward, None, 1, 0)
+            for g in wire for s in g.samples]  # fmt: skip
+    (mb,) = plan_micro_batches(rows, 100_000)
+    searchers = {
+        (tuple(g.prompt_ids), tuple(s.completion_ids)): s.ref_logprob_sum for g in by_searcher for s in g.samples
+    }
+    pairs = zip(map(tuple, mb.prompts), map(tuple, mb.completions), strict=True)
+    torch.testing.assert_close(learner.log_ref(mb), torch.tensor([searchers[p] for p in pairs]), atol=1e-4, rtol=1e-5)
+
+
 def test_a_paced_searcher_waits_for_a_newer_policy(parts, redis_server, tmp_path, tiny_model) -> None:
     """TBA_MAX_BATCHES_PER_VERSION=1: one batch per policy version, then a pause until a checkpoint lands."""
     import threading

@@ -106,6 +106,9 @@ def test_sample_ids_depend_on_tokens_only_and_records_are_served_as_stored() -> 
             finish_reason="stop",
         )
     ]
+    unscored = a.model_copy(update={"ref_logprob_sum": None})  # TBA_REF_PASS=trainer: served as null
+    served = served_group(view, "reward", [0], [encode_record(unscored)], trainer_version=5)
+    assert SampledGroup.model_validate(served).samples[0].ref_logprob_sum is None
 
 
 def test_the_served_forms_name_the_schemas_fields_and_a_mismatch_stops_the_buffer(

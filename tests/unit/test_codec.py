@@ -37,7 +37,7 @@ def scored_samples(draw) -> ScoredSample:
         completion_text=draw(text),
         reward=draw(rewards),
         logprob_sum=draw(logprobs),
-        ref_logprob_sum=draw(logprobs),
+        ref_logprob_sum=draw(st.one_of(st.none(), logprobs)),  # None: the trainer computes it
         finish_reason=draw(st.sampled_from(["stop", "length", "abort"])),
         token_logprobs=per_token,
     )
@@ -62,7 +62,7 @@ sampled_samples = st.builds(
     completion_ids=st.lists(st.integers(0, 10_000), max_size=10),
     reward=finite,
     logprob_sum=finite,
-    ref_logprob_sum=finite,
+    ref_logprob_sum=st.one_of(st.none(), finite),
     version=st.integers(0, 2**40),
     staleness=st.integers(-5, 2**20),
     finish_reason=st.sampled_from(["stop", "length", "abort"]),

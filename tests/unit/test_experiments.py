@@ -71,7 +71,7 @@ def test_decoupling_reads_staleness_update_to_data_and_the_cycle_from_a_run() ->
     rows = [
         {"ts": 0.0, "step_s": 0.1, "wait_s": 0.2, "staleness_hist": {"0": 6, "3": 2}},
         {"ts": 0.5, "step_s": 0.1, "wait_s": 0.3, "staleness_hist": {"9": 1, "100": 1}},
-        {"ts": 1.1, "step_s": 0.2, "wait_s": 0.3, "staleness_hist": {}},
+        {"ts": 1.1, "step_s": 0.2, "ref_s": 0.05, "wait_s": 0.3, "staleness_hist": {}},
     ]
     hist = staleness_histogram(rows)
     assert list(hist) == ["0", "1", "2", "3-4", "5-8", "9-16", "17-64", ">64"]
@@ -79,7 +79,8 @@ def test_decoupling_reads_staleness_update_to_data_and_the_cycle_from_a_run() ->
     assert abs(sum(hist.values()) - 1) < 1e-9
     assert update_to_data({"buffer": {"samples_ingested": 200, "samples_served": 300}}) == 1.5
     assert update_to_data({"buffer": {}}) is None
-    assert cycle_parts(rows) == {"cycle": 0.55, "compute": 0.1, "wait": 0.3}
+    assert cycle_parts(rows) == {"cycle": 0.55, "compute": 0.1, "reference": 0.0, "wait": 0.3}
+    assert cycle_parts(rows[2:] * 3)["reference"] == 0.05  # the trainer's reference pass (TBA_REF_PASS=trainer)
 
 
 def test_decoupling_arms_differ_only_in_the_mode_and_run_the_configuration_s_task() -> None:

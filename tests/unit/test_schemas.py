@@ -64,6 +64,16 @@ def test_non_finite_numbers_name_the_field(field: str, bad: float) -> None:
     assert f"samples.1.{field}" in text and "finite" in text
 
 
+def test_a_sample_without_a_reference_log_prob_is_explicit() -> None:
+    """TBA_REF_PASS=trainer: null is a valid ref_logprob_sum (the trainer computes it); leaving it out is not."""
+    assert ScoredGroup.model_validate(group(samples=[sample(ref_logprob_sum=None)])).samples[0].ref_logprob_sum is None
+    missing = sample()
+    del missing["ref_logprob_sum"]
+    with pytest.raises(ValidationError) as exc:
+        ScoredGroup.model_validate(group(samples=[missing]))
+    assert "samples.0.ref_logprob_sum" in error_text(exc)
+
+
 def test_non_finite_token_logprob_names_its_position() -> None:
     with pytest.raises(ValidationError) as exc:
         ScoredSample.model_validate(sample(token_logprobs=[-0.1, math.nan, -0.2]))

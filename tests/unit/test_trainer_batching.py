@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -115,7 +116,9 @@ def test_rows_from_batch_merges_a_prompt_served_twice_and_drops_bad_groups() -> 
     assert staleness_histogram(rows) == {2: 3}
 
 
-def grads_after_accumulate(model, rows, budget: int, loss: str = "tb", prefix_sharing: bool = True) -> torch.Tensor:
+def grads_after_accumulate(
+    model, rows, budget: int, loss: str = "tb", prefix_sharing: bool = True, reference=None
+) -> torch.Tensor:
     optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
     learner = Learner(
         model,
@@ -127,6 +130,7 @@ def grads_after_accumulate(model, rows, budget: int, loss: str = "tb", prefix_sh
         token_budget=budget,
         grad_clip=None,
         prefix_sharing=prefix_sharing,
+        reference=reference,
     )
     model.zero_grad(set_to_none=True)
     learner.accumulate(plan_micro_batches(rows, budget), beta=0.1, denom=len(rows))
@@ -227,3 +231,61 @@ def test_env_spans_that_do_not_fit_the_completion_drop_the_group() -> None:
     batch.groups[0].samples[0].env_spans = [[1, 5]]  # beyond the completion's 3 tokens
     rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
     assert not rows and "env_spans" in problems[0]
+
+
+def test_samples_without_a_reference_log_prob_are_dropped_unless_the_trainer_computes_it() -> None:
+    batch = sampled_batch(
+        [
+            ("a", [1, 5, 6], [[7, 2], {"completion_ids": [8, 2], "ref_logprob_sum": None}]),
+            ("b", [1, 9], [[7, 3]]),
+        ]
+    )
+    rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256)
+    assert [r.prompt_key[1] for r in rows] == ["b"]
+    assert len(problems) == 1 and "TBA_REF_PASS=trainer" in problems[0]
+    rows, problems = rows_from_batch(batch, vocab_size=92, max_length=256, computes_ref=True)
+    assert not problems and [r.log_ref for r in rows] == [-2.0, None, -2.0]
+    assert torch.isnan(plan_micro_batches(rows, 10_000)[0].log_ref).sum() == 1
+
+
+def test_the_trainers_reference_pass_gives_the_searchers_log_probs_and_gradient(tiny_model) -> None:
+    """TBA_REF_PASS=trainer: rows without log pi_ref get it from a frozen copy of the base model, by the same
+    definition the searchers use: the learner's gradient is the one it takes on rows the searchers scored.
+    The policy is moved off the base first, so that a pass on the policy instead would show."""
+    from transformers import AutoModelForCausalLM
+
+    from services.trainer.reference import TrainerReference
+    from tba.model.logprobs import sequence_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    reference = TrainerReference(model, str(tiny_model), lora=False, device=torch.device("cpu"))
+    assert not any(p.requires_grad for p in reference.frozen.parameters())
+    rows = make_rows(num_prompts=4, K=3, seed=7)
+    prompts, completions = [list(r.prompt_ids) for r in rows], [list(r.completion_ids) for r in rows]
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    with torch.no_grad():
+        log_ref = sequence_logprobs(base, prompts, completions, 0.7, 0)
+        assert (log_ref - sequence_logprobs(model, prompts, completions, 0.7, 0)).abs().max() > 1e-3
+    scored = [replace(r, log_ref=float(v)) for r, v in zip(rows, log_ref, strict=True)]
+    unscored = [replace(r, log_ref=None) for r in rows]
+    optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
+    learner = Learner(
+        model, optimizer, scheduler, make_loss("tb"), temperature=0.7, pad_id=0, token_budget=64, grad_clip=None,
+        reference=reference,
+    )  # fmt: skip
+    by_pair = {(r.prompt_ids, r.completion_ids): float(v) for r, v in zip(rows, log_ref, strict=True)}
+    plan = plan_micro_batches(unscored, 64)
+    assert len(plan) > 1
+    for mb in plan:  # each micro-batch's log pi_ref, in its own order, is the searchers' definition's
+        pairs = zip(map(tuple, mb.prompts), map(tuple, mb.completions), strict=True)
+        torch.testing.assert_close(learner.log_ref(mb), torch.tensor([by_pair[p] for p in pairs]), rtol=1e-5, atol=1e-4)
+    expected = grads_after_accumulate(model, scored, 64)
+    got = grads_after_accumulate(model, unscored, 64, reference=reference)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max().item())
+    result = learner.step(unscored, beta=0.1)
+    assert 0 < result.ref_seconds < result.seconds
+    with pytest.raises(ValueError, match="no reference model"):
+        grads_after_accumulate(model, unscored, 64)

@@ -7,7 +7,15 @@ import argparse
 
 import pytest
 
-from tba.local.up import TRAINER_DEFAULTS, UsageError, add_arguments, check_args, searcher_defaults, split_cpus
+from tba.local.up import (
+    TRAINER_DEFAULTS,
+    UsageError,
+    add_arguments,
+    check_args,
+    run_defaults,
+    searcher_defaults,
+    split_cpus,
+)
 from tba.settings import SettingsError
 
 
@@ -57,6 +65,9 @@ def test_good_values_resolve(monkeypatch) -> None:
     check_args(args)
     assert args.trainer_procs == 2 and args.searcher_cpus == [0] and args.trainer_cpus is None
     assert args.searcher_settings.task_options == {"digits": 3}
+    sharded = parse(monkeypatch, ["--trainer-procs", "2", "--searcher-cpus", "0", "--trainer-cpus", "1"])
+    check_args(sharded)
+    assert run_defaults(sharded) == {"TBA_REF_PASS": "searcher"}, "FSDP ranks: the reference pass stays searched"
 
 
 def test_split_gives_the_trainer_the_last_half() -> None:
@@ -102,10 +113,12 @@ def test_placement_defaults(monkeypatch, allowed, argv, env, searcher_cpus, trai
 )
 def test_service_defaults_follow_the_placement(monkeypatch, argv, paced) -> None:
     """Small batches scored at once everywhere; searchers paced to a batch per version only where they share the
-    trainer's cores; each engine's worker on a core of its own."""
+    trainer's cores; each engine's worker on a core of its own; the reference pass on the trainer only where
+    search and training have cores of their own."""
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     args = parse(monkeypatch, argv)
     check_args(args)
+    assert run_defaults(args) == {"TBA_REF_PASS": "searcher" if paced else "trainer"}
     assert TRAINER_DEFAULTS == {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
     first = searcher_defaults(args, 0)
     assert first["TBA_PROMPTS_PER_BATCH"] == "8" and first["TBA_REF_NICE"] == "0"
