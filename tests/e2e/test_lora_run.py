@@ -4,7 +4,9 @@ One searcher (real vLLM with adapters enabled), the buffer, Redis and the traine
 a few steps: the trainer publishes adapters, the searcher adds each to its engine and stamps its groups
 with the adapter's version, the run's evaluations read the adapters, nothing is left running. The run
 evaluates after it stops (``--eval-after``): the adapters it set aside are evaluated once training is over,
-each recorded at the time it was taken.
+each recorded at the time it was taken. The reference pass runs on the trainer (``TBA_REF_PASS=trainer``: the
+policy with its adapters switched off), for every sample (the searcher does not reuse its own log-probs at the
+base weights), so that the trainer's pass is taken in every step of a real run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, sft_model: Path) -> dict:
         "TBA_CHECKPOINT_EVERY": "2",
         "TBA_WARMUP_SAMPLES": "32",
         "TBA_CHECKPOINT_GRACE_SECONDS": "5",
+        "TBA_REF_PASS": "trainer",
+        "TBA_REF_REUSE_AT_BASE": "false",
     }
     cmd = tba_command(
         "up",
@@ -64,6 +68,14 @@ def test_the_trainer_published_adapters_and_the_searcher_served_them(run: dict) 
     log = (run["dir"] / "logs" / "searcher-0.log").read_text()
     served = run["summary"]["searcher_versions"]["searcher-0"]
     assert max(served) > 0 and "reloaded v" in log, "the searcher never switched to an adapter"
+
+
+def test_the_trainer_computed_every_reference_log_prob(run: dict) -> None:
+    from tba.local.report import read_jsonl
+
+    steps = read_jsonl(run["dir"] / "trainer_metrics.jsonl")
+    assert len(steps) == STEPS and all(0 < r["ref_s"] < r["step_s"] for r in steps), steps
+    assert "no reference log-prob" not in (run["dir"] / "logs" / "trainer.log").read_text()
 
 
 def test_the_runs_evaluations_read_the_adapters(run: dict) -> None:
