@@ -9,7 +9,7 @@ trainer computes it per micro-batch, by the very function and precision of its p
 - LoRA: the policy itself with its adapters switched off, which IS the base model: no second copy.
 
 One trainer process only: under torchrun the ranks' sharded forwards must line up, and a pass only some
-ranks need would not (the settings refuse the combination).
+ranks need would not (the trainer refuses the combination at start-up).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ class TrainerReference:
 
     def __init__(self, policy: torch.nn.Module, base: str, lora: bool, device: torch.device | str) -> None:
         self.policy = policy
-        self.lora = lora
         self.frozen = None if lora else load_reference_model(base, "float32", device)
 
     @contextlib.contextmanager

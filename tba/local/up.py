@@ -360,7 +360,7 @@ TRAINER_DEFAULTS = {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
 def run_defaults(args: argparse.Namespace) -> dict[str, str]:
     """Settings every service of the run shares that ``tba up`` chooses unless the environment sets them."""
     # With search and training on CPU cores of their own, the searchers are the bottleneck and the trainer waits
-    # for data: the reference pass moves to the trainer, which then takes 1.3x the steps
+    # for data: the reference pass moves to the trainer, which then takes 1.25x the steps
     # (docs/results/decoupling.md). Where they share cores, on GPUs (not measured), or with the trainer as several
     # ranks (refused there), it stays on the searchers.
     on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
