@@ -151,6 +151,9 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
     rows = {
         name: [trainer_rows(out / name / f"seed-{s['seed']}") for s in summaries] for name, summaries in runs.items()
     }
+    works = {
+        name: [work_per_batch(out / name / f"seed-{s['seed']}") for s in summaries] for name, summaries in runs.items()
+    }
     lines = [
         f"## {seeds} seeds per arm",
         "",
@@ -196,7 +199,7 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         "",
     ]
     for name, summaries in runs.items():
-        for s, r in zip(summaries, rows[name], strict=True):
+        for s, r, work in zip(summaries, rows[name], works[name], strict=True):
             ev = s["evaluations"]
             times = ", ".join("-" if (x := training_time_to(s, r, t)) is None else f"{x:.0f}" for t in targets)
             utd = update_to_data(s)
@@ -208,7 +211,6 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
                 else "-"
             )
             hist = " / ".join(f"{100 * v:.0f}%" for v in staleness_histogram(r).values())
-            work = work_per_batch(out / name / f"seed-{s['seed']}")
             searched = f"{work['generate']:.3f} + {work['score']:.3f}" if work else "-"
             lines.append(
                 f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps; {ev[0]['accuracy']:.1%} → "
@@ -220,8 +222,8 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         "The synchronous cycle, per step (s; medians of the cycle and compute, means of the other parts):",
         "",
     ]
-    for s, r in zip(runs["sync-tb"], rows["sync-tb"], strict=True):
-        parts, work = cycle_parts(r), work_per_batch(out / "sync-tb" / f"seed-{s['seed']}")
+    for s, r, work in zip(runs["sync-tb"], rows["sync-tb"], works["sync-tb"], strict=True):
+        parts = cycle_parts(r)
         if parts is None or work is None:
             continue
         known = parts["compute"] + sum(work.values())

@@ -35,7 +35,6 @@ class Reference:
         self.settings = settings
         self.pad_id = pad_id
         self.model = load_reference_model(settings.model, settings.dtype, settings.ref_device)
-        self.vocab_size = int(self.model.config.vocab_size)
         if torch.device(settings.ref_device).type == "cpu":
             # The generation worker has its own cores: more threads than the spare ones would take from it.
             torch.set_num_threads(settings.ref_threads or max(1, len(spare_cpus())))

@@ -68,7 +68,7 @@ class Scorer:
         self.reference = reference
         if self.reference is None and settings.ref_pass == "searcher":
             self.reference = Reference(settings, self.pad_id)
-        self.vocab_size = self.reference.vocab_size if self.reference else model_vocab_size(settings.model)
+        self.vocab_size = model_vocab_size(settings.model)  # the ids the trainer's model takes
         self.reference_id = model_identity(settings.model)  # stamped on every group: the buffer checks the objective
         self.dropped = 0
         self.ref_pairs_total = self.ref_pairs_scored = 0  # pairs asked for, distinct pairs the reference scored
