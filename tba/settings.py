@@ -31,9 +31,10 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 # Bounded asynchrony's defaults, chosen by measurement (docs/results/decoupling.md).
 DEFAULT_MAX_STALENESS: int | None = 8
 DEFAULT_MAX_REUSE: float | None = 1.0
-# The peak learning rate per mode, chosen by measurement (docs/results/decoupling.md): the asynchronous trainer
-# takes about twice the optimizer steps per second of the synchronous one, on samples a few versions old.
-DEFAULT_LR: dict[str, float] = {"async": 1.5e-5, "sync": 6e-5}
+# The peak learning rate per mode, chosen by measurement with the decay tied to the samples trained
+# (docs/results/decoupling.md): the asynchronous trainer takes about twice the optimizer steps per second of the
+# synchronous one, on samples a few versions old.
+DEFAULT_LR: dict[str, float] = {"async": 3e-5, "sync": 6e-5}
 S = TypeVar("S", bound="CommonSettings")
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,11 @@ _logged: set[str] = set()  # the warnings about deprecated names this process ha
 
 class SettingsError(ValueError):
     """Invalid configuration; the message names the variable and the flag."""
+
+
+def off_to_none(value: Any) -> Any:
+    """A setting with a default switched off by name (``off`` or ``none``): None; anything else unchanged."""
+    return None if isinstance(value, str) and value.strip().lower() in ("off", "none") else value
 
 
 def redact_url(url: str) -> str:
@@ -221,7 +227,7 @@ class OptimizerSettings(BaseModel):
     lr: float | None = Field(
         None,
         gt=0.0,
-        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: 1.5e-05 async, 6e-05 sync, "
+        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: 3e-05 async, 6e-05 sync, "
         "as an asynchronous trainer takes about twice the steps per second).",
     )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
@@ -230,6 +236,16 @@ class OptimizerSettings(BaseModel):
     lr_decay_fraction: float = Field(
         0.1, gt=0.0, le=1.0, description="wsd: final fraction of the run (max_steps or max_seconds) that decays."
     )
+    lr_decay_start_samples: int | None = Field(
+        25_000,
+        ge=0,
+        le=10**12,
+        description="The rate also decays after this many samples trained, linearly over TBA_LR_DECAY_SAMPLES down "
+        "to TBA_LR_MIN_RATIO of the peak and held there, below the schedule's own decay: the same rate after the "
+        "same data, whatever the budget or the trainer's speed (off: no such decay).",
+    )
+    lr_decay_samples: int = Field(40_000, ge=1, le=10**12, description="Samples trained over that decay.")
+    lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0, description="The rate after that decay, a fraction of the peak.")
     grad_clip: float | None = Field(1.0, gt=0.0, description="Gradient-norm clip (unset: none).")
     token_budget: int = Field(16384, ge=64, description="Padded tokens per micro-batch (gradient accumulation).")
     prefix_sharing: bool = Field(
@@ -238,6 +254,12 @@ class OptimizerSettings(BaseModel):
         "micro-batch (a 4D attention mask; models with sdpa or eager attention), else one "
         "padded row per sample. Same sums and gradients either way.",
     )
+
+    @field_validator("lr_decay_start_samples", mode="before")
+    @classmethod
+    def _data_decay_off(cls, v: Any) -> Any:
+        """``TBA_LR_DECAY_START_SAMPLES=off`` (or ``none``): no decay tied to the data."""
+        return off_to_none(v)
 
 
 class DrawSettings(BaseModel):
@@ -284,7 +306,7 @@ class DrawSettings(BaseModel):
     @classmethod
     def _bound_off(cls, v: Any) -> Any:
         """A bound with a default is switched off by name: ``TBA_MAX_STALENESS=off`` (or ``none``)."""
-        return None if isinstance(v, str) and v.strip().lower() in ("off", "none") else v
+        return off_to_none(v)
 
 
 class PublishSettings(BaseModel):

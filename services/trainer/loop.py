@@ -193,7 +193,7 @@ class Trainer:
                     "under torchrun leave the reference pass to the searchers (TBA_REF_PASS=searcher)"
                 )
             model = shard(model)
-        schedule = LRSchedule(s.lr_schedule, s.lr_warmup_steps, s.max_steps, s.lr_decay_fraction, s.max_seconds)
+        schedule = LRSchedule.from_settings(s)
         optimizer, scheduler = build_optimizer(model, s.peak_lr, s.weight_decay, schedule, self.run_seconds)
         if resume:
             restore_trainer_state(resume.directory, model, optimizer, scheduler, self.ranks)

@@ -1,4 +1,5 @@
-"""AdamW and its learning-rate schedule (linear warmup, then constant, linear decay, or warmup-stable-decay)."""
+"""AdamW and its learning-rate schedule (linear warmup, then constant, linear decay, or warmup-stable-decay; and a
+decay with the samples trained below it)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from tba.settings import TrainerSettings
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,12 @@ class LRSchedule:
     The end of the run is ``max_steps`` or ``max_seconds``, whichever comes first: each gives a
     multiplier and the smaller one applies, so a run with a wall-clock budget (``tba up --minutes``)
     decays to 0 when its time is up, however many steps it managed.
+
+    A decay tied to the data trained on (``data_decay_start`` set) applies below any of these: 1 until step
+    ``data_decay_start``, then linearly down to ``min_ratio`` over ``data_decay_steps``, held there. Its steps
+    stand for samples trained (the settings give it in samples), so the rate after the same data is the same
+    whatever the budget and however fast the run trains: a fast asynchronous trainer and a slow synchronous
+    one decay after the same number of samples, not at the same second.
     """
 
     kind: str = "constant"
@@ -29,10 +38,38 @@ class LRSchedule:
     max_steps: int | None = None
     decay_fraction: float = 0.1
     max_seconds: float | None = None
+    data_decay_start: int | None = None
+    data_decay_steps: int = 1
+    min_ratio: float = 0.0
+
+    @classmethod
+    def from_settings(cls, s: TrainerSettings) -> LRSchedule:
+        """The trainer's schedule; the data decay's samples as steps of P prompts x K samples."""
+        per_step = s.prompts_per_step * s.train_samples_per_prompt
+        start = s.lr_decay_start_samples
+        return cls(
+            s.lr_schedule,
+            s.lr_warmup_steps,
+            s.max_steps,
+            s.lr_decay_fraction,
+            s.max_seconds,
+            data_decay_start=None if start is None else round(start / per_step),
+            data_decay_steps=max(1, round(s.lr_decay_samples / per_step)),
+            min_ratio=s.lr_min_ratio,
+        )
 
     def __call__(self, step: int, seconds: float = 0.0) -> float:
         if step < self.warmup_steps:
             return (step + 1) / (self.warmup_steps + 1)
+        return min(self._run_factor(step, seconds), self._data_factor(step))
+
+    def _data_factor(self, step: int) -> float:
+        if self.data_decay_start is None:
+            return 1.0
+        done = min(1.0, max(0.0, (step - self.data_decay_start) / max(1, self.data_decay_steps)))
+        return 1.0 - (1.0 - self.min_ratio) * done
+
+    def _run_factor(self, step: int, seconds: float) -> float:
         if self.kind == "constant":
             return 1.0
         if self.kind not in ("linear", "wsd"):

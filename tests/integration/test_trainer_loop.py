@@ -352,25 +352,29 @@ def test_a_bad_token_stops_the_run_with_a_clear_error(redis_server, buffer, tiny
     assert trainer.step == 0 and CheckpointStore(s.checkpoint_dir).versions() == []
 
 
+def replaying_pool(redis_server, buffer, tiny_model, tmp_path, group_pool, **kw) -> TrainerSettings:
+    """The buffer started with the test's pool published, and settings under which the trainer replays those
+    samples, the only ones there are, for as long as it runs (no recency, no bounds, one checkpoint at the end)."""
+    buffer.start()
+    publish_groups(redis_server.client(), group_pool, version=0)
+    replay = dict(checkpoint_every=1000, recency_prob=0.0, max_reuse=None, max_staleness=None)
+    return settings_for(redis_server, buffer, tiny_model, tmp_path, **(replay | kw))
+
+
 def test_a_time_budget_decays_the_lr_to_zero_and_holds_across_a_restart(
     redis_server, buffer, tiny_model, tmp_path, group_pool
 ):
     """max_seconds with wsd: steps at the peak LR, then a decay that ends with the budget; a trainer restarted
     on the same checkpoints has no time left and takes no further step."""
-    buffer.start()
-    publish_groups(redis_server.client(), group_pool, version=0)
-    s = settings_for(
+    s = replaying_pool(
         redis_server,
         buffer,
         tiny_model,
         tmp_path,
+        group_pool,
         max_seconds=8.0,
         lr_schedule="wsd",
         lr_decay_fraction=0.5,
-        checkpoint_every=1000,
-        recency_prob=0.0,
-        max_reuse=None,  # the test's samples are all there are: the trainer replays them for the whole budget
-        max_staleness=None,
     )
     started = time.monotonic()
     trainer = Trainer(s)
@@ -387,6 +391,32 @@ def test_a_time_budget_decays_the_lr_to_zero_and_holds_across_a_restart(
     assert again.run() == 0
     assert again.step == state.step and again.run_seconds() >= state.run_seconds
     assert len(s.metrics_file.read_text().splitlines()) == len(lrs), "the spent budget stays spent"
+
+
+def test_a_data_decay_follows_the_samples_trained_and_resumes_where_it_was(
+    redis_server, buffer, tiny_model, tmp_path, group_pool
+):
+    """TBA_LR_DECAY_START_SAMPLES, in samples (8 per step here): at the peak for the first 16 samples, down to a
+    quarter of it over the next 32, held there; a trainer restarted on the checkpoint goes on at the floor."""
+    s = replaying_pool(
+        redis_server,
+        buffer,
+        tiny_model,
+        tmp_path,
+        group_pool,
+        max_steps=9,
+        lr_decay_start_samples=16,
+        lr_decay_samples=32,
+        lr_min_ratio=0.25,
+    )
+    assert Trainer(s).run() == 0
+    lrs = [json.loads(x)["lr"] / s.peak_lr for x in s.metrics_file.read_text().splitlines()]
+    assert lrs == pytest.approx([1.0, 1.0, 1.0, 0.8125, 0.625, 0.4375, 0.25, 0.25, 0.25])
+
+    again = Trainer(s.model_copy(update={"max_steps": 11}))
+    assert again.run() == 0
+    lrs = [json.loads(x)["lr"] / s.peak_lr for x in s.metrics_file.read_text().splitlines()]
+    assert len(lrs) == 11 and lrs[9:] == pytest.approx([0.25, 0.25])
 
 
 class Announcements:

@@ -25,6 +25,34 @@ def test_wsd_is_stable_then_decays_over_the_last_fraction() -> None:
     assert s(80) == 1.0 and s(90) == pytest.approx(0.5) and s(100) == 0.0
 
 
+def test_a_data_decay_follows_the_samples_trained_and_the_run_end_still_applies() -> None:
+    data = LRSchedule("constant", warmup_steps=2, data_decay_start=10, data_decay_steps=20, min_ratio=0.1)
+    assert data(0) == pytest.approx(1 / 3) and data(2) == 1.0 and data(10) == 1.0
+    assert data(20) == pytest.approx(0.55) and data(30) == pytest.approx(0.1) and data(10_000) == pytest.approx(0.1)
+    assert data(20, seconds=1e9) == data(20), "a constant schedule's data decay plays no part for the clock"
+    assert LRSchedule("constant", data_decay_start=0, data_decay_steps=4)(2) == pytest.approx(0.5), "to 0 by default"
+    both = LRSchedule(
+        "wsd", max_seconds=100.0, decay_fraction=0.5, data_decay_start=0, data_decay_steps=10, min_ratio=0.3
+    )
+    assert both(5, seconds=10.0) == pytest.approx(0.65), "the data decay, before the run's"
+    assert both(50, seconds=60.0) == pytest.approx(0.3), "held at its floor"
+    assert both(50, seconds=90.0) == pytest.approx(0.2), "the end of the run takes it below the floor"
+
+
+def test_the_data_decay_is_given_in_samples_and_switched_off_by_name(monkeypatch) -> None:
+    s = load_settings(TrainerSettings, lr_decay_start_samples=6400, lr_decay_samples=3200, lr_min_ratio=0.2)
+    assert (s.lr_decay_start_samples, s.lr_decay_samples, s.lr_min_ratio) == (6400, 3200, 0.2)
+    schedule = LRSchedule.from_settings(s.model_copy(update={"prompts_per_step": 8, "train_samples_per_prompt": 8}))
+    assert (schedule.data_decay_start, schedule.data_decay_steps, schedule.min_ratio) == (100, 50, 0.2)
+    monkeypatch.setenv("TBA_LR_DECAY_START_SAMPLES", "off")
+    off = load_settings(TrainerSettings)
+    assert off.lr_decay_start_samples is None and LRSchedule.from_settings(off)(10**9) == 1.0
+    with pytest.raises(SettingsError, match="TBA_LR_MIN_RATIO"):
+        load_settings(TrainerSettings, lr_min_ratio=1.5)
+    with pytest.raises(SettingsError, match="TBA_LR_DECAY_SAMPLES"):
+        load_settings(TrainerSettings, lr_decay_samples=0)
+
+
 def test_scheduler_drives_adamw() -> None:
     model = torch.nn.Linear(2, 1)
     opt, sched = build_optimizer(model, 0.1, 0.0, LRSchedule("linear", max_steps=4))
