@@ -54,7 +54,7 @@ class LRSchedule:
             s.lr_decay_fraction,
             s.max_seconds,
             data_decay_start=None if start is None else round(start / per_step),
-            data_decay_steps=max(1, round(s.lr_decay_samples / per_step)),
+            data_decay_steps=round(s.lr_decay_samples / per_step),
             min_ratio=s.lr_min_ratio,
         )
 
