@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -29,12 +31,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tba.health import free_port
-from tba.procs import parse_cpu_list
+from tba.procs import die_with_parent, parse_cpu_list
 from tba.settings import redact_url
 from tba.tracking import Tracker
 
@@ -121,8 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Evaluate after the run instead of during it: every --eval-every seconds the newest checkpoint is "
         "hard-linked into <run-dir>/evaluated/ (no bytes copied), and once the services have stopped each is "
-        "evaluated and recorded at the time it was taken. The run's cores then serve only the system, and a "
-        "short --eval-every costs the run nothing (for experiments; the console shows no accuracy meanwhile).",
+        "evaluated, one process per core, and recorded at the time it was taken. The run's cores then serve only "
+        "the system, and a short --eval-every costs the run nothing (for experiments; the console shows no "
+        "accuracy meanwhile).",
     )
     parser.add_argument(
         "--wandb",
@@ -192,6 +196,37 @@ def link_checkpoint(src: Path, dest: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def greedy_accuracy(model_dir: Path, options: dict[str, Any], threads: int = 0) -> float:
+    """Held-out greedy accuracy of ``model_dir`` (``options``: :meth:`LocalRun._eval_options`), on ``threads``
+    torch threads (0: the idle cores)."""
+    from tba.model.evaluation import evaluate_checkpoint
+
+    return float(evaluate_checkpoint(model_dir, threads=threads, **options)["greedy_accuracy"])
+
+
+def _start_eval_worker(cpus: list[int]) -> None:
+    """An evaluation process of :func:`evaluate_on_cores`: it dies with ``tba up``, and may run on any of the
+    run's cores (``tba up`` itself keeps to the searchers' cores once the services are up)."""
+    die_with_parent()
+    os.sched_setaffinity(0, cpus)
+
+
+def evaluate_on_cores(model_dirs: list[Path], options: dict[str, Any], cpus: list[int]) -> Iterator[float]:
+    """The greedy accuracy of each of ``model_dirs``, in order, as each is known: one single-threaded evaluation
+    per core of ``cpus`` at a time (a tiny model's evaluation is too small to spread over threads, so processes
+    get the cores' worth), or in this process where there is one core or one model. One thread each, always:
+    the same arithmetic for every checkpoint of a run."""
+    workers = min(len(cpus), len(model_dirs))
+    if workers <= 1:
+        for model_dir in model_dirs:
+            yield greedy_accuracy(model_dir, options, threads=1)
+        return
+    # Spawned, not forked: this process has threads (the console, the listeners) and torch's state.
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(workers, initializer=_start_eval_worker, initargs=(cpus,)) as pool:  # leaving it kills them
+        yield from pool.imap(functools.partial(greedy_accuracy, options=options, threads=1), model_dirs)
 
 
 class _Stop:
@@ -426,6 +461,7 @@ class LocalRun:
         self.redis_url = ""
         self.listen_done = threading.Event()  # outlives the stop event: the final checkpoint is announced late
         self.evals: list[dict] = []
+        self.cpus = sorted(os.sched_getaffinity(0))  # this run's cores (the evaluations after the run take them all)
         self.taken: list[TakenCheckpoint] = []  # --eval-after: the checkpoints set aside, evaluated after the run
         self.eval_thread: threading.Thread | None = None
         self.base_model: Path | None = None
@@ -588,24 +624,28 @@ class LocalRun:
         threading.Thread(target=listen, name="announcements", daemon=True).start()
 
     # --- evaluation -----------------------------------------------------
-    def _evaluate(self, model_dir: Path, version: int, t: float | None = None) -> float:
-        """Evaluate ``model_dir`` and record it at ``t`` (seconds into the run; default: now)."""
-        from tba.model.evaluation import evaluate_checkpoint
+    def _eval_options(self) -> dict[str, Any]:
+        """What every evaluation of the run asks: the task's held-out prompts, asked as the searchers ask them (prompt
+        form, completion length), answered greedily."""
+        s = self.args.searcher_settings
+        return {
+            "task": self.args.task,
+            "n_prompts": self.args.eval_prompts,
+            "samples": 0,
+            "task_options": s.task_options,
+            "chat_template": s.chat_template,
+            "system_prompt": s.system_prompt,
+            "max_new_tokens": s.max_new_tokens,
+        }
 
-        s = self.args.searcher_settings  # evaluate as the searchers ask: prompt form, completion length
-        threads = len(self.args.searcher_cpus or [])  # on the searchers' cores, one per core (0: the idle ones)
-        result = evaluate_checkpoint(
-            model_dir,
-            self.args.task,
-            n_prompts=self.args.eval_prompts,
-            samples=0,
-            threads=threads,
-            task_options=s.task_options,
-            chat_template=s.chat_template,
-            system_prompt=s.system_prompt,
-            max_new_tokens=s.max_new_tokens,
-        )
-        acc = float(result["greedy_accuracy"])
+    def _evaluate(self, model_dir: Path, version: int) -> float:
+        """Evaluate ``model_dir`` now, during the run: on the searchers' cores, one thread per core (0: the idle
+        ones); record it as of now."""
+        threads = len(self.args.searcher_cpus or [])
+        return self._record(version, greedy_accuracy(model_dir, self._eval_options(), threads))
+
+    def _record(self, version: int, acc: float, t: float | None = None) -> float:
+        """Record the accuracy of ``version`` at ``t`` (seconds into the run; default: now)."""
         now = time.time() - self.t0
         self.evals.append({"t": now if t is None else t, "version": version, "accuracy": acc, "evaluated_at": now})
         if self.tracker is not None:  # at the trainer's step of this version, beside its trainer/* series
@@ -653,16 +693,20 @@ class LocalRun:
         self.taken.append(TakenCheckpoint(t, manifest.version, path, manifest.content_hash))
 
     def _evaluate_taken(self, observer) -> None:
-        """--eval-after: evaluate every checkpoint set aside, in the order taken, each recorded at the time it was
-        taken; then drop the links (kept with --keep-evaluated)."""
+        """--eval-after: evaluate every checkpoint set aside, each recorded at the time it was taken, in that order;
+        then drop the links (kept with --keep-evaluated). The services have stopped: one evaluation per core."""
         from tba.checkpoints import content_hash
 
-        log.info("evaluating the %d checkpoints taken during the run", len(self.taken))
+        log.info("evaluating the %d checkpoints taken during the run on %d core(s)", len(self.taken), len(self.cpus))
+        intact = []
         for taken in self.taken:
             if taken.content_hash is not None and content_hash(taken.path) != taken.content_hash:
                 log.warning("evaluation of v%d skipped: its files do not match its manifest", taken.version)
-                continue
-            observer.record_accuracy(taken.version, self._evaluate(taken.path, taken.version, taken.t))
+            else:
+                intact.append(taken)
+        accuracies = evaluate_on_cores([c.path for c in intact], self._eval_options(), self.cpus)
+        for taken, acc in zip(intact, accuracies, strict=False):
+            observer.record_accuracy(taken.version, self._record(taken.version, acc, taken.t))
         if not self.args.keep_evaluated:
             shutil.rmtree(self.run_dir / "evaluated", ignore_errors=True)
 

@@ -118,3 +118,25 @@ def test_cli_evaluates_a_published_checkpoint(sft_model: Path, tmp_path: Path, c
     weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
     assert tba_main(argv) == 2
     assert "content hash" in capsys.readouterr().err
+
+
+def test_the_checkpoints_of_a_run_are_evaluated_one_per_core_in_order(sft_model: Path, tiny_model: Path) -> None:
+    """``tba up --eval-after`` evaluates what it set aside in processes of their own, one per core: the same
+    accuracies as in this process, in the order asked, and no process left behind, even when the caller stops
+    reading halfway."""
+    import multiprocessing
+    import os
+
+    from tba.local.up import evaluate_on_cores, greedy_accuracy
+
+    options = {"task": "arithmetic", "n_prompts": 40, "samples": 0}
+    cpus = sorted(os.sched_getaffinity(0))
+    models = [sft_model, tiny_model, sft_model]
+    here = [greedy_accuracy(m, options, threads=1) for m in models]
+    assert here[0] > here[1]  # two models told apart: the SFT base answers, the random one does not
+    assert list(evaluate_on_cores(models, options, cpus)) == here
+    assert multiprocessing.active_children() == []
+    halfway = evaluate_on_cores(models, options, cpus)
+    assert next(halfway) == here[0]
+    halfway.close()  # the caller stopped (Ctrl-C): the workers are stopped too
+    assert multiprocessing.active_children() == []
