@@ -105,6 +105,15 @@ def training_time_to(summary: dict, rows: list[dict], target: float, every: int 
     return max(0.0, t - (rows[0]["ts"] - summary["started_at"]))
 
 
+def samples_to(summary: dict, rows: list[dict], target: float) -> int | None:
+    """Samples the trainer had trained on in the first checkpoint evaluated at or above ``target``: how far an arm's
+    samples take it, apart from how fast it gets them (the time to the target is both)."""
+    first = next((e for e in summary["evaluations"] if e["accuracy"] >= target), None)
+    if first is None:
+        return None
+    return sum(r["samples"] for r in rows if r["step"] <= first["version"])
+
+
 def update_to_data(summary: dict) -> float | None:
     """Samples served to the trainer per generated sample the buffer took in (duplicates included)."""
     buffer = summary.get("buffer") or {}
@@ -172,6 +181,10 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         """Each seed's time to ``target`` in arm ``name``, from the trainer's first step."""
         return [training_time_to(s, r, target, every) for s, r in zip(runs[name], rows[name], strict=True)]
 
+    def arm_samples(name: str, target: float) -> list[int | None]:
+        """Each seed's samples trained on to ``target`` in arm ``name``."""
+        return [samples_to(s, r, target) for s, r in zip(runs[name], rows[name], strict=True)]
+
     for name, summaries in runs.items():
         cells = [spread(arm_times(name, t), "{:.0f}") for t in targets]
         cells.append(spread([100 * s["evaluations"][-1]["accuracy"] for s in summaries], unit="%"))
@@ -189,6 +202,14 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
     lines += ["", f"The same on a {COARSE * EVAL_EVERY:g}-s grid (one evaluation in {COARSE}):", ""]
     for t in targets:
         lines.append(f"- {t:.0%}: {ratio_spread(arm_times('async-tb', t, COARSE), arm_times('sync-tb', t, COARSE))}")
+    lines += [
+        "",
+        "Samples trained on to the target, async / sync (how far a sample takes each arm: the ratio of the times is "
+        "about this one times the ratio of the seconds per sample trained):",
+        "",
+    ]
+    for t in targets:
+        lines.append(f"- {t:.0%}: {ratio_spread(arm_samples('async-tb', t), arm_samples('sync-tb', t))}")
     buckets = list(staleness_histogram([]))
     lines += [
         "",

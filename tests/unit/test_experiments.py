@@ -96,6 +96,18 @@ def test_decoupling_arms_differ_only_in_the_mode_and_run_the_configuration_s_tas
     assert len(arms("arithmetic", ablation=False)) == 2
 
 
+def test_samples_to_a_target_are_those_of_the_first_checkpoint_at_or_above_it() -> None:
+    from experiments.decoupling import samples_to
+
+    rows = [{"step": step, "samples": 64} for step in range(1, 11)] + [{"step": 11, "samples": 32}]  # a short batch
+    evaluations = [{"version": 0, "accuracy": 0.35}, {"version": 4, "accuracy": 0.55}, {"version": 11, "accuracy": 0.7}]
+    summary = {"evaluations": evaluations}
+    assert samples_to(summary, rows, 0.3) == 0  # the base model is there already
+    assert samples_to(summary, rows, 0.5) == 4 * 64
+    assert samples_to(summary, rows, 0.6) == 10 * 64 + 32
+    assert samples_to(summary, rows, 0.8) is None
+
+
 def test_times_to_a_target_on_the_runs_grid_and_a_coarser_one() -> None:
     """The checkpoints are taken every EVAL_EVERY seconds (with a little drift); the coarser grid keeps one in 3."""
     accuracies = [0.30, 0.45, 0.52, 0.61, 0.58, 0.66, 0.72]
