@@ -461,7 +461,8 @@ class LocalRun:
         self.redis_url = ""
         self.listen_done = threading.Event()  # outlives the stop event: the final checkpoint is announced late
         self.evals: list[dict] = []
-        self.cpus = sorted(os.sched_getaffinity(0))  # this run's cores (the evaluations after the run take them all)
+        # The run's cores, those it was placed on (else all it may use): the evaluations after the run take them all.
+        self.cpus = sorted(set(args.searcher_cpus or []) | set(args.trainer_cpus or []) or os.sched_getaffinity(0))
         self.taken: list[TakenCheckpoint] = []  # --eval-after: the checkpoints set aside, evaluated after the run
         self.eval_thread: threading.Thread | None = None
         self.base_model: Path | None = None
