@@ -152,9 +152,15 @@ def run_interleaved(arms: Sequence[Arm], seeds: int, minutes: float, out: Path, 
     return runs
 
 
+def first_at(evaluations: Sequence[dict], target: float) -> dict | None:
+    """The first held-out evaluation at or above ``target``; None if never."""
+    return next((e for e in evaluations if e["accuracy"] >= target), None)
+
+
 def time_to(evaluations: Sequence[dict], target: float) -> float | None:
     """Seconds to the first held-out evaluation at or above ``target``; None if never."""
-    return next((e["t"] for e in evaluations if e["accuracy"] >= target), None)
+    first = first_at(evaluations, target)
+    return None if first is None else first["t"]
 
 
 def spread(values: Sequence[float | None], fmt: str = "{:.1f}", unit: str = "") -> str:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from experiments.arms import (
     Arm,
+    first_at,
     parse_args,
     plot_accuracy,
     ratio_spread,
@@ -108,7 +109,7 @@ def training_time_to(summary: dict, rows: list[dict], target: float, every: int 
 def samples_to(summary: dict, rows: list[dict], target: float) -> int | None:
     """Samples the trainer had trained on in the first checkpoint evaluated at or above ``target``: how far an arm's
     samples take it, apart from how fast it gets them (the time to the target is both)."""
-    first = next((e for e in summary["evaluations"] if e["accuracy"] >= target), None)
+    first = first_at(summary["evaluations"], target)
     if first is None:
         return None
     return sum(r["samples"] for r in rows if r["step"] <= first["version"])

@@ -706,7 +706,7 @@ class LocalRun:
             else:
                 intact.append(taken)
         accuracies = evaluate_on_cores([c.path for c in intact], self._eval_options(), self.cpus)
-        for taken, acc in zip(intact, accuracies, strict=False):
+        for taken, acc in zip(intact, accuracies, strict=True):
             observer.record_accuracy(taken.version, self._record(taken.version, acc, taken.t))
         if not self.args.keep_evaluated:
             shutil.rmtree(self.run_dir / "evaluated", ignore_errors=True)
