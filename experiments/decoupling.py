@@ -29,9 +29,15 @@ trainer steps, the update-to-data ratio (samples trained on per sample generated
 the samples trained on, each core's busy fraction and the synchronous cycle's parts; per seed the
 async/sync ratio of the times.
 
+``--more-search`` adds both arms with a second searcher on the trainer's core, the lever of the paper's
+regime (more search for the same trainer): ``async-tb-backfill`` (``tba up --backfill 1``: a searcher at the
+lowest priority that generates while the trainer waits for data) and ``sync-tb-2-searchers`` (two searchers,
+one per core, each generating half of a step's prompts the moment the checkpoint is verified). The ratios are
+reported for every asynchronous arm against every synchronous one.
+
 Cost: 2 arms x seeds x (each budget + ~1 min start-up and shutdown + the evaluations after the run, 25-45 s);
 3 seeds at 5 and 10 minutes: ~105 min.
-Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy]``.
+Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy] [--more-search]``.
 """
 
 from __future__ import annotations
@@ -60,14 +66,26 @@ COARSE = 3  # the ratios again on every COARSE-th of them (15 s: the grid of the
 SYNC_ENV = {"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"}
 
 
-def arms(task: str, ablation: bool) -> list[Arm]:
+def arms(task: str, ablation: bool = False, more_search: bool = False) -> list[Arm]:
     """Both arms on ``task``; with ``ablation`` also the recency branch uniformly among the newest versions'
-    prompts instead of each new group once, in arrival order."""
+    prompts instead of each new group once, in arrival order; with ``more_search`` also both arms with a second
+    searcher on the trainer's core: the asynchronous one a backfill searcher at the lowest priority, which
+    generates while the trainer waits for data, the synchronous one two searchers that each generate half of a
+    step's prompts at once, one per core (the trainer's core is idle while they do)."""
     common = {"task": task, "eval_every": EVAL_EVERY, "eval_after": True, **PLACEMENT}
     out = [Arm("async-tb", mode="async", **common), Arm("sync-tb", mode="sync", env=SYNC_ENV, **common)]
     if ablation:
         out.append(Arm("async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, **common))
+    if more_search:
+        half = {**SYNC_ENV, "TBA_PROMPTS_PER_BATCH": str(int(SYNC_ENV["TBA_PROMPTS_PER_BATCH"]) // 2)}
+        out.append(Arm("async-tb-backfill", mode="async", backfill=1, **common))
+        out.append(Arm("sync-tb-2-searchers", mode="sync", backfill=1, env=half, **common))
     return out
+
+
+def pairs(names: list[str]) -> list[tuple[str, str]]:
+    """Every (asynchronous arm, synchronous arm) whose times are compared, the defaults' pair first."""
+    return [(a, s) for a in names if a.startswith("async") for s in names if s.startswith("sync")]
 
 
 # Staleness of the samples trained on, in versions: the histogram's buckets (upper bounds; the last is open).
@@ -194,23 +212,25 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         for cpu in (0, 1):
             cells.append(spread([100 * s["cpu_busy"][cpu] for s in summaries], "{:.0f}", "%"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Time to target, async / sync (ratio of the mean times; range of the per-seed ratios):", ""]
-    for t in targets:
-        a0 = [time_to(s["evaluations"], t) for s in runs["async-tb"]]
-        b0 = [time_to(s["evaluations"], t) for s in runs["sync-tb"]]
-        ratio = ratio_spread(arm_times("async-tb", t), arm_times("sync-tb", t))
-        lines.append(f"- {t:.0%}: {ratio}; from launch {ratio_spread(a0, b0)}")
-    lines += ["", f"The same on a {COARSE * EVAL_EVERY:g}-s grid (one evaluation in {COARSE}):", ""]
-    for t in targets:
-        lines.append(f"- {t:.0%}: {ratio_spread(arm_times('async-tb', t, COARSE), arm_times('sync-tb', t, COARSE))}")
-    lines += [
-        "",
-        "Samples trained on to the target, async / sync (how far a sample takes each arm: the ratio of the times is "
-        "about this one times the ratio of the seconds per sample trained):",
-        "",
-    ]
-    for t in targets:
-        lines.append(f"- {t:.0%}: {ratio_spread(arm_samples('async-tb', t), arm_samples('sync-tb', t))}")
+    for a, b in pairs(list(runs)):
+        lines += ["", f"Time to target, {a} / {b} (ratio of the mean times; range of the per-seed ratios):", ""]
+        for t in targets:
+            a0 = [time_to(s["evaluations"], t) for s in runs[a]]
+            b0 = [time_to(s["evaluations"], t) for s in runs[b]]
+            lines.append(
+                f"- {t:.0%}: {ratio_spread(arm_times(a, t), arm_times(b, t))}; from launch {ratio_spread(a0, b0)}"
+            )
+        lines += ["", f"The same on a {COARSE * EVAL_EVERY:g}-s grid (one evaluation in {COARSE}):", ""]
+        for t in targets:
+            lines.append(f"- {t:.0%}: {ratio_spread(arm_times(a, t, COARSE), arm_times(b, t, COARSE))}")
+        lines += [
+            "",
+            f"Samples trained on to the target, {a} / {b} (how far a sample takes each arm: the ratio of the times "
+            "is about this one times the ratio of the seconds per sample trained):",
+            "",
+        ]
+        for t in targets:
+            lines.append(f"- {t:.0%}: {ratio_spread(arm_samples(a, t), arm_samples(b, t))}")
     buckets = list(staleness_histogram([]))
     lines += [
         "",
@@ -241,17 +261,24 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
             )
     lines += [
         "",
-        "The synchronous cycle, per step (s; medians of the cycle and compute, means of the other parts):",
+        "The synchronous cycle, per step (s; medians of the cycle and compute, means of the other parts; the "
+        "first searcher's generate, score and reload):",
         "",
     ]
-    for s, r, work in zip(runs["sync-tb"], rows["sync-tb"], works["sync-tb"], strict=True):
+    synchronous = [
+        (name, s, r, w)
+        for name in runs
+        if name.startswith("sync")
+        for s, r, w in zip(runs[name], rows[name], works[name], strict=True)
+    ]
+    for name, s, r, work in synchronous:
         parts = cycle_parts(r)
         if parts is None or work is None:
             continue
         known = parts["compute"] + sum(work.values())
         lines.append(
-            f"- seed {s['seed']}: cycle {parts['cycle']:.3f} = generate {work['generate']:.3f} + score and publish "
-            f"{work['score']:.3f} + reload {work['reload']:.3f} + train {parts['compute']:.3f}"
+            f"- {name} seed {s['seed']}: cycle {parts['cycle']:.3f} = generate {work['generate']:.3f} + score and "
+            f"publish {work['score']:.3f} + reload {work['reload']:.3f} + train {parts['compute']:.3f}"
             + (f" (of which the reference pass {parts['reference']:.3f})" if parts["reference"] else "")
             + " + checkpoint "
             f"{work['publish']:.3f} + overhead {parts['cycle'] - known:.3f}"
@@ -265,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     flags = {
         "ablation": "Also run async-tb-uniform: the recency branch uniform instead of in arrival order.",
         "generation-heavy": "Run the arms on the calculator task (a tool call per trajectory) instead of arithmetic.",
+        "more-search": "Also run both arms with a second searcher on the trainer's core (async-tb-backfill, "
+        "sync-tb-2-searchers).",
     }
     args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0], flags=flags)
     task = "calculator" if args.generation_heavy else "arithmetic"
@@ -272,12 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     for minutes in args.minutes:  # one file per budget, written as soon as its runs are done
         name = f"{prefix}-{minutes:g}min"
         out = args.out / (f"calculator-{minutes:g}min" if args.generation_heavy else f"{minutes:g}min")
-        runs = run_interleaved(arms(task, args.ablation), args.seeds, minutes, out)
-        flags_used = " --ablation" * args.ablation + " --generation-heavy" * args.generation_heavy
+        runs = run_interleaved(arms(task, args.ablation, args.more_search), args.seeds, minutes, out)
+        flags_used = (
+            " --ablation" * args.ablation
+            + " --generation-heavy" * args.generation_heavy
+            + " --more-search" * args.more_search
+        )
         lines = [
             f"# Claim (1): decoupling, {task}, {minutes:g} minutes per run",
             "",
-            "Searcher on CPU 0, trainer on CPU 1 in both arms; same SFT base; held-out greedy accuracy on 200 "
+            "Searcher on CPU 0, trainer on CPU 1 in every arm"
+            + (" (the -backfill and -2-searchers arms: a second searcher on CPU 1)" if args.more_search else "")
+            + "; same SFT base; held-out greedy accuracy on 200 "
             f"prompts of the checkpoint taken every {EVAL_EVERY:g} s, evaluated after the run. "
             f"`python -m experiments.decoupling --seeds {args.seeds} --minutes "
             f"{minutes:g}{flags_used}`. Spread: mean ± sd (min-max, n) over seeds.",

@@ -96,6 +96,24 @@ def test_decoupling_arms_differ_only_in_the_mode_and_run_the_configuration_s_tas
     assert len(arms("arithmetic", ablation=False)) == 2
 
 
+def test_more_search_adds_a_second_searcher_on_the_trainer_s_core_to_both_arms() -> None:
+    from experiments.decoupling import arms, pairs
+
+    a, s, ab, s2 = arms("calculator", more_search=True)
+    assert (ab.name, ab.mode, ab.backfill, ab.env) == ("async-tb-backfill", "async", 1, {})
+    assert (s2.name, s2.mode, s2.backfill) == ("sync-tb-2-searchers", "sync", 1)
+    # The two synchronous searchers generate a step's prompts between them, one batch per version each.
+    assert int(s2.env["TBA_PROMPTS_PER_BATCH"]) * 2 == int(s.env["TBA_PROMPTS_PER_BATCH"])
+    assert s2.env["TBA_MAX_BATCHES_PER_VERSION"] == "1"
+    assert {x.trainer_cpus for x in (a, s, ab, s2)} == {"1"} and {x.searcher_cpus for x in (a, s, ab, s2)} == {"0"}
+    assert pairs([x.name for x in (a, s, ab, s2)]) == [
+        ("async-tb", "sync-tb"),
+        ("async-tb", "sync-tb-2-searchers"),
+        ("async-tb-backfill", "sync-tb"),
+        ("async-tb-backfill", "sync-tb-2-searchers"),
+    ]
+
+
 def test_samples_to_a_target_are_those_of_the_first_checkpoint_at_or_above_it() -> None:
     from experiments.decoupling import samples_to
 
