@@ -35,8 +35,8 @@ lowest priority that generates while the trainer waits for data) and ``sync-tb-2
 one per core, each generating half of a step's prompts the moment the checkpoint is verified). The ratios are
 reported for every asynchronous arm against every synchronous one.
 
-Cost: 2 arms x seeds x (each budget + ~1 min start-up and shutdown + the evaluations after the run, 25-45 s);
-3 seeds at 5 and 10 minutes: ~105 min.
+Cost: arms (2; 4 with ``--more-search``) x seeds x (each budget + ~1 min start-up and shutdown + the
+evaluations after the run, 25-45 s); 2 arms, 3 seeds at 5 and 10 minutes: ~105 min.
 Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy] [--more-search]``.
 """
 
@@ -265,13 +265,8 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         "first searcher's generate, score and reload):",
         "",
     ]
-    synchronous = [
-        (name, s, r, w)
-        for name in runs
-        if name.startswith("sync")
-        for s, r, w in zip(runs[name], rows[name], works[name], strict=True)
-    ]
-    for name, s, r, work in synchronous:
+    synchronous = [name for name in runs if name.startswith("sync")]
+    for name, s, r, work in ((n, *x) for n in synchronous for x in zip(runs[n], rows[n], works[n], strict=True)):
         parts = cycle_parts(r)
         if parts is None or work is None:
             continue
