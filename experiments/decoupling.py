@@ -83,9 +83,10 @@ def arms(task: str, ablation: bool = False, more_search: bool = False) -> list[A
     return out
 
 
-def pairs(names: list[str]) -> list[tuple[str, str]]:
-    """Every (asynchronous arm, synchronous arm) whose times are compared, the defaults' pair first."""
-    return [(a, s) for a in names if a.startswith("async") for s in names if s.startswith("sync")]
+def pairs(modes: dict[str, str]) -> list[tuple[str, str]]:
+    """Every (asynchronous arm, synchronous arm) whose times are compared, in the arms' order (the defaults' pair
+    first); ``modes``: each arm's trainer mode by name."""
+    return [(a, s) for a, m in modes.items() if m == "async" for s, n in modes.items() if n == "sync"]
 
 
 # Staleness of the samples trained on, in versions: the histogram's buckets (upper bounds; the last is open).
@@ -212,7 +213,8 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         for cpu in (0, 1):
             cells.append(spread([100 * s["cpu_busy"][cpu] for s in summaries], "{:.0f}", "%"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    for a, b in pairs(list(runs)):
+    modes = {name: summaries[0]["mode"] for name, summaries in runs.items()}  # as each run recorded it
+    for a, b in pairs(modes):
         lines += ["", f"Time to target, {a} / {b} (ratio of the mean times; range of the per-seed ratios):", ""]
         for t in targets:
             a0 = [time_to(s["evaluations"], t) for s in runs[a]]
@@ -265,7 +267,7 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         "first searcher's generate, score and reload):",
         "",
     ]
-    synchronous = [name for name in runs if name.startswith("sync")]
+    synchronous = [name for name, mode in modes.items() if mode == "sync"]
     for name, s, r, work in ((n, *x) for n in synchronous for x in zip(runs[n], rows[n], works[n], strict=True)):
         parts = cycle_parts(r)
         if parts is None or work is None:

@@ -106,7 +106,7 @@ def test_more_search_adds_a_second_searcher_on_the_trainer_s_core_to_both_arms()
     assert int(s2.env["TBA_PROMPTS_PER_BATCH"]) * 2 == int(s.env["TBA_PROMPTS_PER_BATCH"])
     assert s2.env["TBA_MAX_BATCHES_PER_VERSION"] == "1"
     assert {x.trainer_cpus for x in (a, s, ab, s2)} == {"1"} and {x.searcher_cpus for x in (a, s, ab, s2)} == {"0"}
-    assert pairs([x.name for x in (a, s, ab, s2)]) == [
+    assert pairs({x.name: x.mode for x in (a, s, ab, s2)}) == [
         ("async-tb", "sync-tb"),
         ("async-tb", "sync-tb-2-searchers"),
         ("async-tb-backfill", "sync-tb"),
