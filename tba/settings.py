@@ -245,7 +245,7 @@ class OptimizerSettings(BaseModel):
         "same data, whatever the budget or the trainer's speed (off: no such decay).",
     )
     lr_decay_samples: int = Field(40_000, ge=1, le=10**12, description="Samples trained over that decay.")
-    lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0, description="The rate after that decay, a fraction of the peak.")
+    lr_min_ratio: float = Field(0.3, ge=0.0, le=1.0, description="The rate after that decay, a fraction of the peak.")
     grad_clip: float | None = Field(1.0, gt=0.0, description="Gradient-norm clip (unset: none).")
     token_budget: int = Field(16384, ge=64, description="Padded tokens per micro-batch (gradient accumulation).")
     prefix_sharing: bool = Field(
