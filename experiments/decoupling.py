@@ -267,8 +267,13 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         "first searcher's generate, score and reload):",
         "",
     ]
-    synchronous = [name for name, mode in modes.items() if mode == "sync"]
-    for name, s, r, work in ((n, *x) for n in synchronous for x in zip(runs[n], rows[n], works[n], strict=True)):
+    synchronous = [
+        (name, s, r, w)
+        for name, mode in modes.items()
+        if mode == "sync"
+        for s, r, w in zip(runs[name], rows[name], works[name], strict=True)
+    ]
+    for name, s, r, work in synchronous:
         parts = cycle_parts(r)
         if parts is None or work is None:
             continue
