@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tba.local.commands import tba_command
 
@@ -72,9 +73,11 @@ def parse_args(
     doc: str | None,
     minutes: float | list[float] = 10.0,
     flags: dict[str, str] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> argparse.Namespace:
     """The options every experiment takes: seeds, budget per run (several budgets where ``minutes`` is a list),
-    where runs and results go; and the experiment's own on/off ``flags`` (option name -> help)."""
+    where runs and results go; and the experiment's own on/off ``flags`` (option name -> help) and other
+    ``options`` (option name -> ``add_argument``'s keywords)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m experiments.{name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -92,6 +95,8 @@ def parse_args(
     parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
     for flag, text in (flags or {}).items():
         parser.add_argument(f"--{flag}", action="store_true", help=text)
+    for option, keywords in (options or {}).items():
+        parser.add_argument(f"--{option}", **keywords)
     return parser.parse_args(argv)
 
 

@@ -35,14 +35,21 @@ lowest priority that generates while the trainer waits for data) and ``sync-tb-2
 one per core, each generating half of a step's prompts the moment the checkpoint is verified). The ratios are
 reported for every asynchronous arm against every synchronous one.
 
-Cost: arms (2; 4 with ``--more-search``) x seeds x (each budget + ~1 min start-up and shutdown + the
-evaluations after the run, 25-45 s); 2 arms, 3 seeds at 5 and 10 minutes: ~105 min.
-Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy] [--more-search]``.
+``--lr-arm async=4.5e-5`` (repeatable; ``sync=LR`` likewise) adds that arm at another peak learning rate
+(``TBA_LR``), run interleaved with the others: whether a mode's default rate is its best on this machine.
+
+Cost: arms (2; 4 with ``--more-search``; one more per ``--lr-arm``) x seeds x (each budget + ~1 min start-up and
+shutdown + the evaluations after the run, 25-45 s); 2 arms, 3 seeds at 5 and 10 minutes: ~105 min.
+Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy] [--more-search]
+[--lr-arm MODE=LR]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.arms import (
@@ -66,14 +73,32 @@ COARSE = 3  # the ratios again on every COARSE-th of them (15 s: the grid of the
 SYNC_ENV = {"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"}
 
 
-def arms(task: str, ablation: bool = False, more_search: bool = False) -> list[Arm]:
+def lr_arm(text: str) -> tuple[str, float]:
+    """``--lr-arm``'s value, ``MODE=LR``: a trainer mode and a peak learning rate for it."""
+    mode, _, value = text.partition("=")
+    try:
+        lr = float(value)
+    except ValueError:
+        lr = math.nan
+    if mode not in ("async", "sync") or not 0.0 < lr <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected async=LR or sync=LR with 0 < LR <= 1, e.g. async=4.5e-5")
+    return mode, lr
+
+
+def arms(
+    task: str, ablation: bool = False, more_search: bool = False, lr_arms: Sequence[tuple[str, float]] = ()
+) -> list[Arm]:
     """Both arms on ``task``; with ``ablation`` also the recency branch uniformly among the newest versions'
     prompts instead of each new group once, in arrival order; with ``more_search`` also both arms with a second
     searcher on the trainer's core: the asynchronous one a backfill searcher at the lowest priority, which
     generates while the trainer waits for data, the synchronous one two searchers that each generate half of a
-    step's prompts at once, one per core (the trainer's core is idle while they do)."""
+    step's prompts at once, one per core (the trainer's core is idle while they do); each of ``lr_arms``
+    (mode, peak learning rate) that mode's arm again at that rate."""
     common = {"task": task, "eval_every": EVAL_EVERY, "eval_after": True, **PLACEMENT}
     out = [Arm("async-tb", mode="async", **common), Arm("sync-tb", mode="sync", env=SYNC_ENV, **common)]
+    for mode, lr in lr_arms:
+        base = SYNC_ENV if mode == "sync" else {}
+        out.append(Arm(f"{mode}-tb-lr{lr:g}", mode=mode, env={**base, "TBA_LR": f"{lr:g}"}, **common))
     if ablation:
         out.append(Arm("async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, **common))
     if more_search:
@@ -297,17 +322,28 @@ def main(argv: list[str] | None = None) -> int:
         "more-search": "Also run both arms with a second searcher on the trainer's core (async-tb-backfill, "
         "sync-tb-2-searchers).",
     }
-    args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0], flags=flags)
+    options = {
+        "lr-arm": {
+            "type": lr_arm,
+            "action": "append",
+            "default": [],
+            "metavar": "MODE=LR",
+            "help": "Also run the asynchronous (async=LR) or synchronous (sync=LR) arm at peak learning rate LR; "
+            "repeatable.",
+        }
+    }
+    args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0], flags=flags, options=options)
     task = "calculator" if args.generation_heavy else "arithmetic"
     prefix = "decoupling-calculator" if args.generation_heavy else "decoupling"
     for minutes in args.minutes:  # one file per budget, written as soon as its runs are done
         name = f"{prefix}-{minutes:g}min"
         out = args.out / (f"calculator-{minutes:g}min" if args.generation_heavy else f"{minutes:g}min")
-        runs = run_interleaved(arms(task, args.ablation, args.more_search), args.seeds, minutes, out)
+        runs = run_interleaved(arms(task, args.ablation, args.more_search, args.lr_arm), args.seeds, minutes, out)
         flags_used = (
             " --ablation" * args.ablation
             + " --generation-heavy" * args.generation_heavy
             + " --more-search" * args.more_search
+            + "".join(f" --lr-arm {mode}={lr:g}" for mode, lr in args.lr_arm)
         )
         lines = [
             f"# Claim (1): decoupling, {task}, {minutes:g} minutes per run",

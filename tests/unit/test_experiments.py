@@ -137,3 +137,19 @@ def test_times_to_a_target_on_the_runs_grid_and_a_coarser_one() -> None:
     assert training_time_to(summary, rows, 0.5, every=3) == pytest.approx(2 * EVAL_EVERY + 0.03)
     assert training_time_to(summary, rows, 0.7, every=3) == pytest.approx(5 * EVAL_EVERY + 0.06)
     assert training_time_to(summary, rows, 0.8) is None
+
+
+def test_an_lr_arm_is_its_mode_s_arm_at_another_peak_rate_and_a_bad_one_is_named() -> None:
+    import argparse
+
+    from experiments.decoupling import arms, lr_arm, pairs
+
+    a, s, fast, slow = arms("arithmetic", lr_arms=[lr_arm("async=4.5e-5"), lr_arm("sync=3e-5")])
+    assert (fast.name, fast.mode, fast.env) == ("async-tb-lr4.5e-05", "async", {"TBA_LR": "4.5e-05"})
+    assert (slow.name, slow.mode) == ("sync-tb-lr3e-05", "sync")
+    assert slow.env == {**s.env, "TBA_LR": "3e-05"}  # exactly on-policy, as the synchronous arm
+    assert {x.searcher_cpus for x in (a, s, fast, slow)} == {"0"}
+    assert ("async-tb-lr4.5e-05", "sync-tb") in pairs({x.name: x.mode for x in (a, s, fast, slow)})
+    for bad in ("async", "async=", "async=fast", "async=0", "async=-1e-5", "async=nan", "async=2", "grpo=1e-5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected async=LR or sync=LR"):
+            lr_arm(bad)
