@@ -34,7 +34,7 @@ DEFAULT_MAX_REUSE: float | None = 1.0
 # The peak learning rate per mode, chosen by measurement with the decay tied to the samples trained
 # (docs/results/decoupling.md): the asynchronous trainer takes about twice the optimizer steps per second of the
 # synchronous one, on samples a few versions old.
-DEFAULT_LR: dict[str, float] = {"async": 3e-5, "sync": 6e-5}
+DEFAULT_LR: dict[str, float] = {"async": 2e-5, "sync": 6e-5}
 S = TypeVar("S", bound="CommonSettings")
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class OptimizerSettings(BaseModel):
     lr: float | None = Field(
         None,
         gt=0.0,
-        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: 3e-05 async, 6e-05 sync, "
+        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: 2e-05 async, 6e-05 sync, "
         "as an asynchronous trainer takes about twice the steps per second).",
     )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
