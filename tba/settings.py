@@ -227,7 +227,8 @@ class OptimizerSettings(BaseModel):
     lr: float | None = Field(
         None,
         gt=0.0,
-        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: 2e-05 async, 6e-05 sync, "
+        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: "
+        f"{DEFAULT_LR['async']:g} async, {DEFAULT_LR['sync']:g} sync, "
         "as an asynchronous trainer takes about twice the steps per second).",
     )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
