@@ -37,17 +37,20 @@ reported for every asynchronous arm against every synchronous one.
 
 ``--lr-arm async=4.5e-5`` (repeatable; ``sync=LR`` likewise) adds that arm at another peak learning rate
 (``TBA_LR``), run interleaved with the others: whether a mode's default rate is its best on this machine.
+``--env-arm async:TBA_LR_MIN_RATIO=0.45`` (repeatable; several settings separated by commas) adds that mode's arm
+with any other settings the same way.
 
-Cost: arms (2; 4 with ``--more-search``; one more per ``--lr-arm``) x seeds x (each budget + ~1 min start-up and
-shutdown + the evaluations after the run, 25-45 s); 2 arms, 3 seeds at 5 and 10 minutes: ~105 min.
+Cost: arms (2; 4 with ``--more-search``; one more per ``--lr-arm`` or ``--env-arm``) x seeds x (each budget + ~1
+min start-up and shutdown + the evaluations after the run, 25-45 s); 2 arms, 3 seeds at 5 and 10 minutes: ~105 min.
 Run alone: ``python -m experiments.decoupling [--seeds 3] [--minutes 5 10] [--generation-heavy] [--more-search]
-[--lr-arm MODE=LR]``.
+[--lr-arm MODE=LR] [--env-arm MODE:TBA_NAME=VALUE]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,8 +76,8 @@ COARSE = 3  # the ratios again on every COARSE-th of them (15 s: the grid of the
 SYNC_ENV = {"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"}
 
 
-def lr_arm(text: str) -> tuple[str, float]:
-    """``--lr-arm``'s value, ``MODE=LR``: a trainer mode and a peak learning rate for it."""
+def lr_arm(text: str) -> tuple[str, dict[str, str]]:
+    """``--lr-arm``'s value, ``MODE=LR``: a trainer mode and the peak learning rate of its extra arm."""
     mode, _, value = text.partition("=")
     try:
         lr = float(value)
@@ -82,23 +85,45 @@ def lr_arm(text: str) -> tuple[str, float]:
         lr = math.nan
     if mode not in ("async", "sync") or not 0.0 < lr <= 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected async=LR or sync=LR with 0 < LR <= 1, e.g. async=4.5e-5")
-    return mode, lr
+    return mode, {"TBA_LR": f"{lr:g}"}
+
+
+def env_arm(text: str) -> tuple[str, dict[str, str]]:
+    """``--env-arm``'s value, ``MODE:TBA_NAME=VALUE[,TBA_NAME=VALUE...]``: a trainer mode and the settings of its
+    extra arm (each value is checked by ``tba up``, which names a bad one before anything starts)."""
+    mode, _, rest = text.partition(":")
+    env = dict(item.partition("=")[::2] for item in rest.split(",")) if rest else {}
+    named = all(re.fullmatch(r"TBA_[A-Z0-9_]+", k) and v for k, v in env.items())
+    if mode not in ("async", "sync") or not env or not named:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected MODE:TBA_NAME=VALUE[,TBA_NAME=VALUE] with MODE async or sync, "
+            "e.g. async:TBA_LR_MIN_RATIO=0.45"
+        )
+    return mode, env
+
+
+def arm_flag(mode: str, env: dict[str, str]) -> str:
+    """The option that adds the extra arm (``mode``, ``env``): ``--lr-arm`` where only the peak rate differs."""
+    if list(env) == ["TBA_LR"]:
+        return f" --lr-arm {mode}={env['TBA_LR']}"
+    return f" --env-arm {mode}:" + ",".join(f"{k}={v}" for k, v in env.items())
 
 
 def arms(
-    task: str, ablation: bool = False, more_search: bool = False, lr_arms: Sequence[tuple[str, float]] = ()
+    task: str, ablation: bool = False, more_search: bool = False, extra: Sequence[tuple[str, dict[str, str]]] = ()
 ) -> list[Arm]:
     """Both arms on ``task``; with ``ablation`` also the recency branch uniformly among the newest versions'
     prompts instead of each new group once, in arrival order; with ``more_search`` also both arms with a second
     searcher on the trainer's core: the asynchronous one a backfill searcher at the lowest priority, which
     generates while the trainer waits for data, the synchronous one two searchers that each generate half of a
-    step's prompts at once, one per core (the trainer's core is idle while they do); each of ``lr_arms``
-    (mode, peak learning rate) that mode's arm again at that rate."""
+    step's prompts at once, one per core (the trainer's core is idle while they do); each of ``extra``
+    (mode, settings) that mode's arm again with those settings (``--lr-arm``, ``--env-arm``)."""
     common = {"task": task, "eval_every": EVAL_EVERY, "eval_after": True, **PLACEMENT}
     out = [Arm("async-tb", mode="async", **common), Arm("sync-tb", mode="sync", env=SYNC_ENV, **common)]
-    for mode, lr in lr_arms:
+    for mode, env in extra:
         base = SYNC_ENV if mode == "sync" else {}
-        out.append(Arm(f"{mode}-tb-lr{lr:g}", mode=mode, env={**base, "TBA_LR": f"{lr:g}"}, **common))
+        suffix = "-".join(k.removeprefix("TBA_").lower().replace("_", "-") + v for k, v in env.items())
+        out.append(Arm(f"{mode}-tb-{suffix}", mode=mode, env={**base, **env}, **common))
     if ablation:
         out.append(Arm("async-tb-uniform", mode="async", env={"TBA_RECENCY_ORDER": "newest"}, **common))
     if more_search:
@@ -326,11 +351,19 @@ def main(argv: list[str] | None = None) -> int:
         "lr-arm": {
             "type": lr_arm,
             "action": "append",
+            "dest": "extra",
             "default": [],
             "metavar": "MODE=LR",
             "help": "Also run the asynchronous (async=LR) or synchronous (sync=LR) arm at peak learning rate LR; "
             "repeatable.",
-        }
+        },
+        "env-arm": {
+            "type": env_arm,
+            "action": "append",
+            "dest": "extra",
+            "metavar": "MODE:TBA_NAME=VALUE[,...]",
+            "help": "Also run that mode's arm with these settings, e.g. async:TBA_LR_MIN_RATIO=0.45; repeatable.",
+        },
     }
     args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0], flags=flags, options=options)
     task = "calculator" if args.generation_heavy else "arithmetic"
@@ -338,12 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     for minutes in args.minutes:  # one file per budget, written as soon as its runs are done
         name = f"{prefix}-{minutes:g}min"
         out = args.out / (f"calculator-{minutes:g}min" if args.generation_heavy else f"{minutes:g}min")
-        runs = run_interleaved(arms(task, args.ablation, args.more_search, args.lr_arm), args.seeds, minutes, out)
+        runs = run_interleaved(arms(task, args.ablation, args.more_search, args.extra), args.seeds, minutes, out)
         flags_used = (
             " --ablation" * args.ablation
             + " --generation-heavy" * args.generation_heavy
             + " --more-search" * args.more_search
-            + "".join(f" --lr-arm {mode}={lr:g}" for mode, lr in args.lr_arm)
+            + "".join(arm_flag(mode, env) for mode, env in args.extra)
         )
         lines = [
             f"# Claim (1): decoupling, {task}, {minutes:g} minutes per run",

@@ -144,7 +144,7 @@ def test_an_lr_arm_is_its_mode_s_arm_at_another_peak_rate_and_a_bad_one_is_named
 
     from experiments.decoupling import arms, lr_arm, pairs
 
-    a, s, fast, slow = arms("arithmetic", lr_arms=[lr_arm("async=4.5e-5"), lr_arm("sync=3e-5")])
+    a, s, fast, slow = arms("arithmetic", extra=[lr_arm("async=4.5e-5"), lr_arm("sync=3e-5")])
     assert (fast.name, fast.mode, fast.env) == ("async-tb-lr4.5e-05", "async", {"TBA_LR": "4.5e-05"})
     assert (slow.name, slow.mode) == ("sync-tb-lr3e-05", "sync")
     assert slow.env == {**s.env, "TBA_LR": "3e-05"}  # exactly on-policy, as the synchronous arm
@@ -153,3 +153,24 @@ def test_an_lr_arm_is_its_mode_s_arm_at_another_peak_rate_and_a_bad_one_is_named
     for bad in ("async", "async=", "async=fast", "async=0", "async=-1e-5", "async=nan", "async=2", "grpo=1e-5"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected async=LR or sync=LR"):
             lr_arm(bad)
+
+
+def test_an_env_arm_is_its_mode_s_arm_with_those_settings_and_the_options_name_them_back() -> None:
+    import argparse
+
+    from experiments.decoupling import arm_flag, arms, env_arm, lr_arm, main
+
+    _, s, floor, both = arms(
+        "arithmetic",
+        extra=[env_arm("async:TBA_LR_MIN_RATIO=0.45"), env_arm("sync:TBA_LR=3e-5,TBA_MAX_STALENESS=off")],
+    )
+    assert (floor.name, floor.mode, floor.env) == ("async-tb-lr-min-ratio0.45", "async", {"TBA_LR_MIN_RATIO": "0.45"})
+    assert both.name == "sync-tb-lr3e-5-max-stalenessoff"
+    assert both.env == {**s.env, "TBA_LR": "3e-5", "TBA_MAX_STALENESS": "off"}
+    assert arm_flag(*lr_arm("async=2e-5")) == " --lr-arm async=2e-05"
+    assert arm_flag(*env_arm("async:TBA_LR_MIN_RATIO=0.45")) == " --env-arm async:TBA_LR_MIN_RATIO=0.45"
+    for bad in ("async", "async:", "async:LR=1", "async:TBA_LR", "async:TBA_LR=", "grpo:TBA_LR=1e-5", "async:tba_lr=1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected MODE:TBA_NAME=VALUE"):
+            env_arm(bad)
+    with pytest.raises(SystemExit):  # argparse names the bad value and exits 2 before any run starts
+        main(["--env-arm", "async:LR=1"])
