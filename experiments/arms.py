@@ -16,15 +16,17 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tba.local.commands import tba_command
+from tba.procs import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,20 @@ def busy_fractions(before: list[tuple[int, int]], after: list[tuple[int, int]]) 
     return [round((b1 - b0) / max(1, t1 - t0), 3) for (b0, t0), (b1, t1) in zip(before, after, strict=True)]
 
 
+def run_child(cmd: Sequence[str], log: IO[bytes] | IO[str], env: dict[str, str]) -> None:
+    """Run ``cmd`` to its end, its output to ``log``; raises if it fails. It gets SIGTERM when this process
+    ends, however it ends (killed too), so an interrupted experiment leaves no run behind: ``tba up`` then
+    stops its services in order."""
+    subprocess.run(
+        cmd,
+        check=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=lambda: die_with_parent(signal.SIGTERM),
+    )
+
+
 def run_arm(
     arm: Arm, seed: int, minutes: float, out: Path, eval_prompts: int = 200, keep_evaluated: bool = False
 ) -> dict:
@@ -136,9 +152,7 @@ def run_arm(
     print(f"[{time.strftime('%H:%M:%S')}] {arm.name} seed {seed}: {' '.join(cmd[2:])}", flush=True)
     before, started = cpu_times(), time.time()
     with (run_dir / "up.log").open("w") as log:
-        subprocess.run(
-            cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TBA_TASK": arm.task, **arm.env}
-        )
+        run_child(cmd, log, {**os.environ, "TBA_TASK": arm.task, **arm.env})
     summary = json.loads(summary_path.read_text())
     summary["cpu_busy"] = busy_fractions(before, cpu_times())
     summary["arm"], summary["seed"], summary["minutes"] = arm.name, seed, minutes

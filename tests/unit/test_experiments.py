@@ -1,8 +1,14 @@
-"""The experiments' statistics and bookkeeping (pure functions; the runs themselves are `make experiment`)."""
+"""The experiments' statistics and bookkeeping (pure functions; the runs themselves are `make experiment`), and
+that a run ends with the experiment that started it."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -174,3 +180,43 @@ def test_an_env_arm_is_its_mode_s_arm_with_those_settings_and_the_options_name_t
             env_arm(bad)
     with pytest.raises(SystemExit):  # argparse names the bad value and exits 2 before any run starts
         main(["--env-arm", "async:LR=1"])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead and not yet reaped by whoever adopted it, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_a_run_ends_with_the_experiment_that_started_it_even_when_that_one_is_killed(tmp_path: Path) -> None:
+    # The experiment: a process that runs a long child through run_child, then is killed with SIGKILL.
+    pid_file = tmp_path / "child.pid"
+    child_code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    script = (
+        "import sys\n"
+        "from experiments.arms import run_child\n"
+        "with open(sys.argv[1], 'w') as log:\n"
+        "    run_child([sys.executable, '-c', sys.argv[2], sys.argv[3]], log, {})\n"
+    )
+    experiment = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "child.log"), child_code, str(pid_file)],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        experiment.kill()
+        experiment.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the run outlived the experiment that started it"
+    finally:
+        experiment.kill()
+        if pid_file.exists() and pid_file.read_text() and alive(child := int(pid_file.read_text())):
+            os.kill(child, signal.SIGKILL)
