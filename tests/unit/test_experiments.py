@@ -16,6 +16,7 @@ import pytest
 from experiments.arms import Arm, busy_fractions, ratio_spread, spread, time_to
 from experiments.decoupling import EVAL_EVERY, coarse, training_time_to
 from experiments.redteam import found
+from reliability.procs import alive
 
 
 def test_spread_says_how_many_seeds_it_covers_and_never_averages_the_missing() -> None:
@@ -180,15 +181,6 @@ def test_an_env_arm_is_its_mode_s_arm_with_those_settings_and_the_options_name_t
             env_arm(bad)
     with pytest.raises(SystemExit):  # argparse names the bad value and exits 2 before any run starts
         main(["--env-arm", "async:LR=1"])
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead and not yet reaped by whoever adopted it, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def test_a_run_ends_with_the_experiment_that_started_it_even_when_that_one_is_killed(tmp_path: Path) -> None:
