@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
-from services.searcher.cpus import pin_engine_core, spare_cpus
+from services.searcher.cpus import computes_bf16, pin_engine_core, spare_cpus
 from services.searcher.worker_ext import SPIN_ENV
 from tba.model.adapters import is_adapter, vllm_max_rank
 from tba.schemas import FinishReason
@@ -130,11 +130,22 @@ def should_restore(stop_requested: bool, alive: bool) -> bool:
     return alive and not stop_requested
 
 
+def generation_dtype(settings: SearcherSettings, on_cpu: bool, bf16_cpu: Callable[[], bool] = computes_bf16) -> str:
+    """The dtype the engine generates in: ``generation_dtype`` as set, or for ``auto`` bfloat16 on a CPU
+    that computes it in hardware, else the model's ``dtype``.
+
+    Lower precision changes only which completions are sampled: the trainer scores every sample with its
+    own log-probs and the reference pass keeps ``dtype``, and TB is valid for samples from any policy."""
+    if settings.generation_dtype != "auto":
+        return settings.generation_dtype
+    return "bfloat16" if on_cpu and bf16_cpu() else settings.dtype
+
+
 def engine_options(settings: SearcherSettings, on_cpu: bool) -> tuple[dict[str, Any], dict[str, str]]:
-    """What both of a searcher's engines (generation, reference) share: ``LLM`` options, and the
-    environment its processes must start with (vLLM's CPU build reads some settings only from there)."""
+    """The generation engine's ``LLM`` options, and the environment its processes must start with
+    (vLLM's CPU build reads some settings only from there)."""
     options: dict[str, Any] = dict(
-        dtype=settings.dtype,
+        dtype=generation_dtype(settings, on_cpu),
         tensor_parallel_size=settings.tensor_parallel_size,
         enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
     )
@@ -171,8 +182,15 @@ class Engine:
         self.on_cpu = on_cpu
         self.weights_dir = Path(weights_dir)
         self.version = version
+        self.dtype: str = options["dtype"]
         self.adapter: LoRARequest | None = None  # the LoRARequest every batch asks for; None: the weights alone
-        log.info("vLLM engine up in %.1f s with %s (version %d)", time.monotonic() - started, weights_dir, version)
+        log.info(
+            "vLLM engine up in %.1f s with %s (version %d, %s)",
+            time.monotonic() - started,
+            weights_dir,
+            version,
+            self.dtype,
+        )
 
     def sampling_params(
         self, n: int, temperature: float, max_tokens: int, logprobs: bool = True, stop: Sequence[str] = ()

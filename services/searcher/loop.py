@@ -333,9 +333,11 @@ class Searcher:
         return [[(c.token_ids, c.logprob_sum, c.finish_reason) for c in group] for group in groups]
 
     def _serving_reference(self) -> bool:
-        """True while the engine's weights are the reference model's own (the base, before any reload)."""
+        """True while the engine's weights are the reference model's own (the base, before any reload), in
+        the reference's dtype (log-probs from bf16 generation are not the float32 reference's)."""
         return (
             self.settings.ref_reuse_at_base
+            and self.engine.dtype == self.settings.dtype
             and self.engine.adapter is None
             and self.engine.weights_dir.resolve() == self._reference_dir
         )

@@ -274,6 +274,7 @@ def test_the_searcher_serves_each_published_adapter_in_place(tiny_model: Path, t
         lora_rank=RANK,
         max_batches=1,
         reload_poll_seconds=0.2,
+        generation_dtype="float32",  # greedy tokens and log-probs compared with the float32 adapters'
     )
     adapters = [lora_model(tiny_model, seed=s).eval() for s in (3, 4)]
     manifests = [publish(store, m, tok, step=v) for v, m in ((1, adapters[0]), (2, adapters[1]))]

@@ -58,6 +58,7 @@ def parts(smollm2: Path, tmp_path_factory: pytest.TempPathFactory):
         max_model_len=512,
         temperature=T,
         kv_cache_gib=1,
+        generation_dtype="float32",  # compared with the trainer's float32 computation
     )
     task = make_task("arithmetic", chat=True)
     scorer = Scorer(settings, task, settings.searcher_id)

@@ -57,6 +57,7 @@ def settings_for(model: Path, tmp: Path, redis_url: str = "redis://127.0.0.1:1/0
         reload_poll_seconds=0.2,
         flush_timeout_seconds=5.0,
         max_batches=1,
+        generation_dtype="float32",  # the checks below compare vLLM's numbers with the trainer's float32 ones
     )
     return SearcherSettings(**(base | kw))
 
@@ -368,6 +369,36 @@ def test_loop_publishes_scored_groups(parts, redis_server, tmp_path: Path, tiny_
     # The engine still serves the base weights: the reference log-probs are the behaviour ones.
     assert all(s.ref_logprob_sum == s.logprob_sum for g in groups for s in g.samples)
     assert status["state"] == "stopped" and status["version"] == engine.version
+
+
+def test_a_bfloat16_engine_samples_while_the_reference_stays_float32(redis_server, tmp_path, tiny_model) -> None:
+    """Generation in bfloat16 (``auto`` on a CPU with bf16 arithmetic) changes which completions are drawn, not
+    the numbers the loss reads: at the base weights its log-probs are not taken as the float32 reference's;
+    the reference pass scores the samples as the trainer does."""
+    settings = settings_for(tiny_model, tmp_path, redis_server.url, generation_dtype="bfloat16", prompts_per_batch=3)
+    engine = Engine(settings, tiny_model, version=0, seed=0)
+    try:
+        assert engine.dtype == "bfloat16"
+        scorer = Scorer(settings, make_task("arithmetic"), settings.searcher_id)
+        searcher = Searcher(settings, engine, scorer)
+        try:
+            assert searcher.run() == 0
+        finally:
+            searcher.close()
+    finally:
+        engine.close()
+    groups = read_stream(redis_server)
+    assert len(groups) == 3 and all(len(g.samples) == 4 for g in groups)
+    prompts = [g.prompt_ids for g in groups for _ in g.samples]
+    completions = [s.completion_ids for g in groups for s in g.samples]
+    with torch.no_grad():
+        expected = sequence_logprobs(hf_model(tiny_model), prompts, completions, T, scorer.pad_id)
+    reference = torch.tensor([s.ref_logprob_sum for g in groups for s in g.samples])
+    behaviour = torch.tensor([s.logprob_sum for g in groups for s in g.samples])
+    torch.testing.assert_close(reference, expected, atol=1e-4, rtol=1e-5)
+    error = (behaviour - expected).abs()
+    assert error.max() > 2e-3, "bfloat16's log-probs should not be float32's"
+    assert error.max() < 0.25, "but the same policy's"
 
 
 def test_redis_down_spills_then_next_start_publishes_in_order(parts, redis_server, tmp_path, tiny_model) -> None:
