@@ -15,7 +15,10 @@
    plus the prefix-cache reset), for the tiny model and for a ~100M-parameter model, against what
    the alternative costs (starting a fresh engine on the new weights), measured in the same run.
    The content-hash check runs on the watcher thread, off the generation path; reported beside it.
-3. ``--model M`` (``python -m benchmarks.run --model M searcher``): the same figures at a pretrained model
+3. Generation's dtype: bare ``LLM.generate`` on the arithmetic SFT base with a run's batch (8 prompts x 8
+   completions, up to 16 tokens), an engine in bfloat16 (what ``TBA_GENERATION_DTYPE=auto`` picks on a CPU
+   with bf16 arithmetic) against one in float32, the same prompts, rounds alternating between them.
+4. ``--model M`` (``python -m benchmarks.run --model M searcher``): the same figures at a pretrained model
    instead of the tiny one (:func:`model_figures`). Prompts are the arithmetic task in chat form through
    the model's chat template (the scorer's prompt format, which the bare side encodes with too);
    P=8 S=8, up to 64 new tokens, max_model_len 512. Throughput at base, then the reload pause (two
@@ -325,6 +328,48 @@ def realistic_throughput(work: Path, redis_url: str) -> list[Figure]:
         engine.close()
 
 
+def generation_dtype_speedup(work: Path, redis_url: str, rounds: int = ROUNDS) -> Figure:
+    """Samples/s of bare generation in bfloat16 against float32 on the arithmetic SFT base (section 3)."""
+    from itertools import islice
+
+    from services.searcher.scorer import Scorer
+    from tba.model.sft import ensure_base_model
+    from tba.tasks import make_task
+
+    base = ensure_base_model(task="arithmetic")
+    engines = {}
+    try:
+        for dtype in ("float32", "bfloat16"):
+            options = dict(prompts_per_batch=8, max_new_tokens=16, generation_dtype=dtype, ref_pass="trainer")
+            settings = _settings(base, work, redis_url, **options)
+            engines[dtype] = _timed_engine(settings, base, version=0)[0]
+        scorer = Scorer(settings, make_task("arithmetic"), settings.searcher_id)  # the prompts' encoding only
+        stream = scorer.task.train_prompts(settings.seed)
+        batches = [list(islice(stream, settings.prompts_per_batch)) for _ in range(REALISTIC_BATCHES_PER_ROUND)]
+        params = engines["float32"].sampling_params(settings.completions_per_prompt, settings.temperature, 16)
+        totals = {dtype: [0.0, 0] for dtype in engines}
+        for engine in engines.values():
+            _bare_round(engine, scorer, batches[:2], params)  # warm-up
+        for _ in range(rounds):
+            for dtype, engine in engines.items():
+                seconds, samples, _, _ = _bare_round(engine, scorer, batches, params)
+                totals[dtype][0] += seconds
+                totals[dtype][1] += samples
+    finally:
+        for engine in engines.values():
+            engine.close()
+    rate = {dtype: samples / seconds for dtype, (seconds, samples) in totals.items()}
+    print(f"[bench] generation: bfloat16 {rate['bfloat16']:.0f} samples/s, float32 {rate['float32']:.0f}", flush=True)
+    return Figure(
+        PART,
+        "samples/s generating in bfloat16 vs float32 (arithmetic SFT base, P=8 S=8 T=16)",
+        rate["bfloat16"],
+        "samples/s",
+        rate["float32"],
+        "> 1 on a CPU with bf16 arithmetic",
+    )
+
+
 def reference_share(scorer, name: str) -> Figure:
     """How many of the (prompt, completion) pairs asked for the reference pass scored (the rest repeat)."""
     share = scorer.ref_pairs_scored / max(1, scorer.ref_pairs_total)
@@ -455,6 +500,7 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
         finally:
             engine.close()
         figures += realistic_throughput(work, redis_url)
+        figures.append(generation_dtype_speedup(work, redis_url))
         big = TinyModelSpec(**SPEC_100M)
         n_params = big.num_layers * (4 * big.hidden_size**2 + 3 * big.hidden_size * big.intermediate_size)
         store, manifests = _checkpoints(work, "100M", big)

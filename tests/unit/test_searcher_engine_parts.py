@@ -1,6 +1,6 @@
 """The searcher engine's pure parts: the engine-call guard and restore decision that keep a shutdown
-during a reload from hanging, the shortened spin of vLLM's queues, and where the processes and the
-scoring thread run on a CPU host."""
+during a reload from hanging, the shortened spin of vLLM's queues, where the processes and the
+scoring thread run on a CPU host, and the dtype it generates in."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from services.searcher.cpus import generation_cpus, lower_thread_priority, pinned, spare_cpus
-from services.searcher.engine import EngineStopped, guarded_call, should_restore
+from services.searcher.cpus import computes_bf16, generation_cpus, lower_thread_priority, pinned, spare_cpus
+from services.searcher.engine import EngineStopped, generation_dtype, guarded_call, should_restore
 from tba.procs import parse_cpu_list
+from tba.settings import SearcherSettings
 
 
 def test_restore_only_into_a_live_engine_that_is_not_stopping() -> None:
@@ -107,3 +108,26 @@ def test_pinned_moves_the_calling_thread_and_puts_it_back() -> None:
     assert os.sched_getaffinity(0) == before
     with pinned([]):  # nothing spare (nobind): nothing changes
         assert os.sched_getaffinity(0) == before
+
+
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+SKYLAKE = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw\nbugs\t\t: amx_bf16\n"
+
+
+def test_bf16_arithmetic_is_read_from_the_cpu_flags_only() -> None:
+    assert computes_bf16(SAPPHIRE_RAPIDS)
+    assert computes_bf16("flags\t\t: avx2 avx512_bf16\n")  # AVX512-BF16 without AMX (Cooper Lake, Zen 4)
+    assert not computes_bf16(SKYLAKE)  # the word elsewhere than on the flags line does not count
+    assert not computes_bf16("")
+
+
+def test_generation_dtype_auto_is_bf16_only_on_a_cpu_that_computes_it() -> None:
+    auto = SearcherSettings(dtype="float32")
+    assert generation_dtype(auto, on_cpu=True, bf16_cpu=lambda: True) == "bfloat16"
+    assert generation_dtype(auto, on_cpu=True, bf16_cpu=lambda: False) == "float32"
+    assert generation_dtype(auto, on_cpu=False, bf16_cpu=lambda: True) == "float32"  # GPUs: TBA_DTYPE
+    assert generation_dtype(SearcherSettings(dtype="bfloat16"), on_cpu=False) == "bfloat16"
+    pinned_fp32 = SearcherSettings(generation_dtype="float32")
+    assert generation_dtype(pinned_fp32, on_cpu=True, bf16_cpu=lambda: True) == "float32"
+    with pytest.raises(ValueError, match="generation_dtype"):
+        SearcherSettings(generation_dtype="int8")
