@@ -51,6 +51,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> dict:
         "TBA_CHECKPOINT_EVERY": "1",
         "TBA_KEEP_CHECKPOINTS": "10",
         "TBA_CHECKPOINT_GRACE_SECONDS": "600",
+        "TBA_GENERATION_DTYPE": "float32",  # behaviour log-probs are compared with the float32 checkpoints'
         "TBA_LR": "1e-3",  # large for a smoke run: each version's log-probs move well past the kernels' noise
     }
     cmd = tba_command(
