@@ -79,6 +79,14 @@ def hf_model(path: Path):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
+def trainers_logprobs(model: Path, groups: list[ScoredGroup], pad_id: int) -> torch.Tensor:
+    """The trainer's side: the samples' log-probs on a fresh float32 load of ``model``, the shared function."""
+    prompts = [g.prompt_ids for g in groups for _ in g.samples]
+    completions = [s.completion_ids for g in groups for s in g.samples]
+    with torch.no_grad():
+        return sequence_logprobs(hf_model(model), prompts, completions, T, pad_id)
+
+
 def generate_batch(engine: Engine, scorer: Scorer, n: int = 4, temperature: float = T) -> GeneratedBatch:
     prompts = [task_prompt(text) for text in PROMPTS]
     ids = [encode_prompt(scorer.tokenizer, p.text) for p in prompts]
@@ -149,11 +157,7 @@ def test_logprobs_equal_the_trainers_computation(parts, tiny_model: Path) -> Non
             break
     assert len(groups) == len(PROMPTS) and all(len(g.samples) == 8 for g in groups)
     assert "stop" in reasons and "length" in reasons  # EOS-terminated completions are compared too
-    prompts = [g.prompt_ids for g in groups for _ in g.samples]
-    completions = [s.completion_ids for g in groups for s in g.samples]
-    # The trainer's side: a fresh load of the reference (= base) model, the shared log-prob function.
-    with torch.no_grad():
-        expected = sequence_logprobs(hf_model(tiny_model), prompts, completions, T, scorer.pad_id)
+    expected = trainers_logprobs(tiny_model, groups, scorer.pad_id)
     ref = torch.tensor([s.ref_logprob_sum for g in groups for s in g.samples])
     behaviour = torch.tensor([s.logprob_sum for g in groups for s in g.samples])
     torch.testing.assert_close(ref, expected, atol=1e-4, rtol=1e-5)
@@ -389,10 +393,7 @@ def test_a_bfloat16_engine_samples_while_the_reference_stays_float32(redis_serve
         engine.close()
     groups = read_stream(redis_server)
     assert len(groups) == 3 and all(len(g.samples) == 4 for g in groups)
-    prompts = [g.prompt_ids for g in groups for _ in g.samples]
-    completions = [s.completion_ids for g in groups for s in g.samples]
-    with torch.no_grad():
-        expected = sequence_logprobs(hf_model(tiny_model), prompts, completions, T, scorer.pad_id)
+    expected = trainers_logprobs(tiny_model, groups, scorer.pad_id)
     reference = torch.tensor([s.ref_logprob_sum for g in groups for s in g.samples])
     behaviour = torch.tensor([s.logprob_sum for g in groups for s in g.samples])
     torch.testing.assert_close(reference, expected, atol=1e-4, rtol=1e-5)
