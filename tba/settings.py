@@ -452,7 +452,7 @@ class SearcherSettings(ModelSettings):
         "auto",
         description="The generation engine's weights dtype (the reference pass keeps TBA_DTYPE): auto is "
         "bfloat16 on a CPU that computes it natively (AMX or AVX512-BF16), where it generates "
-        "faster (1.4-1.9x measured), else TBA_DTYPE.",
+        "faster (services/searcher/README.md), else TBA_DTYPE.",
     )
     kv_cache_gib: float = Field(1.0, gt=0.0, description="vLLM CPU KV-cache space in GiB.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel size.")

@@ -36,7 +36,7 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of bf16 arithmet
 
 def computes_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU does bf16 arithmetic in hardware (AMX or AVX512-BF16), where vLLM's CPU kernels
-    generate in bfloat16 1.4-1.9x faster than in float32 (benchmarks/searcher.py). ``cpuinfo``: the text
+    generate in bfloat16 faster than in float32 (figures: services/searcher/README.md). ``cpuinfo``: the text
     of /proc/cpuinfo (read when None; no such file: False)."""
     if cpuinfo is None:
         try:
