@@ -217,6 +217,20 @@ class LossSettings(BaseModel):
         description="KL coefficient beta after the anneal (unset: beta_start).",
     )
     beta_anneal_steps: int = Field(0, ge=0, description="Steps of the linear beta anneal (0: constant).")
+    importance_clip: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="TB only: weight each sample's squared residual (and its share of log Z) by its importance "
+        "ratio pi_theta(y|x) / mu(y|x) to the policy that generated it, clipped to [1 - eps, 1 + eps] with this "
+        "eps (FlowRL's correction for stale samples; unset: every sample counts once, TB needing no ratio).",
+    )
+
+    @field_validator("importance_clip", mode="before")
+    @classmethod
+    def _importance_off(cls, v: Any) -> Any:
+        """``TBA_IMPORTANCE_CLIP=off`` (or ``none``): no importance weights."""
+        return off_to_none(v)
 
 
 class OptimizerSettings(BaseModel):
@@ -408,6 +422,11 @@ class TrainerSettings(
             )
         if self.max_steps is not None and self.lr_warmup_steps > self.max_steps:
             raise ValueError(f"TBA_LR_WARMUP_STEPS ({self.lr_warmup_steps}) exceeds TBA_MAX_STEPS ({self.max_steps})")
+        if self.importance_clip is not None and self.loss != "tb":
+            raise ValueError(
+                f"TBA_IMPORTANCE_CLIP={self.importance_clip} weights the TB loss; TBA_LOSS={self.loss} takes no "
+                "importance weights: leave TBA_IMPORTANCE_CLIP unset"
+            )
         if self.lora_rank and not self.lora_target_modules:
             raise ValueError("TBA_LORA_TARGET_MODULES is empty: name the modules that get adapters")
         return self

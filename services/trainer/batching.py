@@ -39,6 +39,7 @@ class Row:
     version: int
     staleness: int
     env_spans: list[list[int]] | None = None  # multi-turn: the environment's tokens of the completion
+    log_behaviour: float = math.nan  # log mu(y|x): the generating policy's log-prob, as its searcher sent it
 
     @property
     def length(self) -> int:
@@ -50,6 +51,7 @@ class MicroBatch:
     prompts: list[list[int]]
     completions: list[list[int]]
     log_ref: torch.Tensor  # (n,); NaN where the trainer computes it
+    log_behaviour: torch.Tensor  # (n,); NaN where unknown
     reward: torch.Tensor  # (n,)
     prompt_index: torch.Tensor  # (n,) long, local to this micro-batch
     tokens: int  # real (unpadded) tokens
@@ -89,6 +91,7 @@ def rows_from_batch(
                     s.version,
                     s.staleness,
                     s.env_spans,
+                    s.logprob_sum,
                 )
             )
     return rows, problems
@@ -149,6 +152,7 @@ def _collate(units: list[list[Row]]) -> MicroBatch:
         prompts=[list(r.prompt_ids) for r in rows],
         completions=[list(r.completion_ids) for r in rows],
         log_ref=torch.tensor([math.nan if r.log_ref is None else r.log_ref for r in rows], dtype=torch.float32),
+        log_behaviour=torch.tensor([r.log_behaviour for r in rows], dtype=torch.float32),
         reward=torch.tensor([r.reward for r in rows], dtype=torch.float32),
         prompt_index=torch.tensor(index, dtype=torch.long),
         tokens=sum(r.length for r in rows),

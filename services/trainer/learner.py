@@ -106,6 +106,7 @@ class Learner:
                 log_ref=log_ref,
                 reward=mb.reward.to(self.device),
                 prompt_index=mb.prompt_index.to(self.device),
+                log_behaviour=None if mb.log_behaviour.isnan().any() else mb.log_behaviour.to(self.device),
             )
             out = self.loss_fn(x, beta, denom)
             (out.loss * self.ranks.world).backward()  # FSDP averages the ranks' gradients: make it their sum

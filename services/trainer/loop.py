@@ -211,7 +211,7 @@ class Trainer:
             model,
             optimizer,
             scheduler,
-            make_loss(s.loss),
+            make_loss(s.loss, s.importance_clip),
             temperature=s.temperature,
             pad_id=pad_id,
             token_budget=s.token_budget,

@@ -24,6 +24,8 @@ from tba.tracking import Tracker
 log = logging.getLogger("services.trainer.progress")
 
 STATES = ("starting", "warmup", "training", "waiting", "done")
+# Figures only some losses or settings report: in a step's row (and as gauges) when its loss gave them.
+LOSS_METRICS = ("advantage_abs_mean", "behaviour_log_ratio_abs", "importance_weight_mean", "importance_clipped")
 
 
 class TrainerMetrics:
@@ -73,6 +75,12 @@ class TrainerMetrics:
                 ("tokens_per_s", "Tokens per second of compute."),
                 ("staleness_mean", "Mean staleness of the batch."),
                 ("mixed_fraction", "Share of the batch's prompts whose samples differ in reward (carry a signal)."),
+                (
+                    "behaviour_log_ratio_abs",
+                    "Mean |log pi - log mu| of the last batch: how far the policy is from the ones that drew it.",
+                ),
+                ("importance_weight_mean", "Mean importance weight of the last batch (TBA_IMPORTANCE_CLIP)."),
+                ("importance_clipped", "Share of the last batch whose importance weight the clip bound."),
             ]
         }
         self.state_gauge = Gauge("tba_trainer_state", "1 for the current state.", ["state"], registry=r)
@@ -185,8 +193,9 @@ class TrainerMetrics:
         }
         if "mixed_prompts" in m:
             row["mixed_fraction"] = m["mixed_prompts"] / max(1, result.prompts)
-        if "advantage_abs_mean" in m:
-            row["advantage_abs_mean"] = m["advantage_abs_mean"]
+        for name in LOSS_METRICS:  # what only some losses or settings report
+            if name in m:
+                row[name] = m[name]
         self._export(row, result)
         with self._lock:
             self._status.update(
@@ -223,8 +232,8 @@ class TrainerMetrics:
     def _export(self, row: dict[str, Any], result: StepResult) -> None:
         for name in ("step", "beta", "lr", "grad_norm", "samples_per_s", "tokens_per_s", "staleness_mean"):
             self.g[name].set(row[name])
-        for name in ("loss", "reward_mean", "log_Z_mean", "kl", "mixed_fraction", "reuse"):
-            if row.get(name) is not None:
+        for name in ("loss", "reward_mean", "log_Z_mean", "kl", "mixed_fraction", "reuse", *LOSS_METRICS):
+            if row.get(name) is not None and name in self.g:
                 self.g[name].set(row[name])
         self.samples_total.inc(result.samples)
         self.tokens_total.inc(result.tokens)

@@ -260,6 +260,73 @@ def test_make_loss_names() -> None:
     assert make_loss("tb") is tb_loss and make_loss("grpo") is grpo_loss
     with pytest.raises(ValueError, match="unknown loss 'ppo'"):
         make_loss("ppo")
+    with pytest.raises(ValueError, match="importance weights apply to the TB loss, not 'grpo'"):
+        make_loss("grpo", importance_clip=0.2)
+
+
+def with_behaviour(x: LossInput, log_behaviour: torch.Tensor) -> LossInput:
+    return LossInput(x.log_pi.detach().clone().requires_grad_(), x.log_ref, x.reward, x.prompt_index, log_behaviour)
+
+
+def direct_weighted_tb(x: LossInput, beta: float, eps: float) -> tuple[float, list[float]]:
+    """The importance-weighted loss written out with loops: w_i = clip(exp(log_pi_i - log_mu_i), 1-eps, 1+eps),
+    log Z the w-weighted mean of the targets, loss = sum_i w_i residual_i^2 / N; and dloss/dlog_pi_i."""
+    log_pi, log_mu = x.log_pi.tolist(), x.log_behaviour.tolist()
+    target = [r + q / beta for r, q in zip(x.log_ref.tolist(), x.reward.tolist(), strict=True)]
+    w = [min(max(math.exp(a - b), 1 - eps), 1 + eps) for a, b in zip(log_pi, log_mu, strict=True)]
+    N, total, grad = len(log_pi), 0.0, [0.0] * len(log_pi)
+    for p in set(x.prompt_index.tolist()):
+        idx = [i for i, q in enumerate(x.prompt_index.tolist()) if q == p]
+        log_Z = sum(w[i] * (target[i] - log_pi[i]) for i in idx) / sum(w[i] for i in idx)
+        for i in idx:
+            total += w[i] * (log_Z + log_pi[i] - target[i]) ** 2
+            grad[i] = 2 * w[i] * (log_Z + log_pi[i] - target[i]) / N
+    return total / N, grad
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_importance_weighted_tb_equals_direct_formula_and_reports_its_weights(seed: int) -> None:
+    x, _ = random_input(seed=seed)
+    g = torch.Generator().manual_seed(seed + 10)
+    # Behaviour log-probs within +-0.5 of the policy's: some ratios inside [0.8, 1.2], some clipped either side.
+    log_mu = x.log_pi.detach() + (torch.rand(len(x.reward), generator=g, dtype=torch.float64) - 0.5)
+    y = with_behaviour(x, log_mu)
+    out = tb_loss(y, 0.1, importance_clip=0.2)
+    out.loss.backward()
+    want_loss, want_grad = direct_weighted_tb(y, 0.1, 0.2)
+    assert out.loss.item() == pytest.approx(want_loss, rel=1e-10)
+    torch.testing.assert_close(y.log_pi.grad, torch.tensor(want_grad, dtype=torch.float64), rtol=1e-9, atol=1e-12)
+    ratio = (x.log_pi.detach() - log_mu).exp()
+    assert out.metrics["importance_weight_mean"] == pytest.approx(ratio.clamp(0.8, 1.2).mean().item())
+    clipped = ((ratio < 0.8) | (ratio > 1.2)).double().mean().item()
+    assert 0 < clipped < 1 and out.metrics["importance_clipped"] == pytest.approx(clipped)
+    assert out.metrics["behaviour_log_ratio_abs"] == pytest.approx((x.log_pi.detach() - log_mu).abs().mean().item())
+    # make_loss binds the clip: the trainer's loss function is this one.
+    assert make_loss("tb", 0.2)(y, 0.1, None).loss.item() == pytest.approx(want_loss, rel=1e-10)
+
+
+def test_importance_weights_of_fresh_samples_leave_the_loss_unchanged() -> None:
+    """On-policy samples (mu = pi_theta) weigh 1 each: the weighted loss is plain TB, and so is its gradient;
+    a stale batch gets another loss."""
+    x, _ = random_input(seed=6)
+    plain = tb_loss(x, 0.2)
+    plain.loss.backward()
+    fresh = with_behaviour(x, x.log_pi.detach().clone())
+    weighted = tb_loss(fresh, 0.2, importance_clip=0.2)
+    weighted.loss.backward()
+    assert weighted.loss.item() == pytest.approx(plain.loss.item(), rel=1e-12)
+    torch.testing.assert_close(fresh.log_pi.grad, x.log_pi.grad)
+    assert weighted.metrics["importance_clipped"] == 0.0 and weighted.metrics["behaviour_log_ratio_abs"] == 0.0
+    stale = with_behaviour(x, x.log_pi.detach() - 0.1)  # every sample likelier now than when it was drawn
+    assert tb_loss(stale, 0.2, importance_clip=0.2).loss.item() == pytest.approx(
+        math.exp(0.1) * plain.loss.item(), rel=1e-9
+    )  # a common weight scales every squared residual and leaves log Z where it was
+
+
+def test_importance_weights_need_the_behaviour_log_probs() -> None:
+    x, _ = random_input(seed=7)
+    with pytest.raises(ValueError, match="behaviour policy's log-probs"):
+        tb_loss(x, 0.2, importance_clip=0.2)
 
 
 def test_beta_schedule_values() -> None:

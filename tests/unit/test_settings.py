@@ -101,6 +101,8 @@ def test_keyword_overrides_win() -> None:
         ("TBA_MAX_STALENESS", "-1", TrainerSettings),
         ("TBA_MAX_STALENESS", "2.5", TrainerSettings),
         ("TBA_SAMPLE_WAIT_SECONDS", "61", TrainerSettings),
+        ("TBA_IMPORTANCE_CLIP", "1", TrainerSettings),
+        ("TBA_IMPORTANCE_CLIP", "0", TrainerSettings),
     ],
 )
 def test_bad_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, env: str, value: str, cls) -> None:
@@ -122,6 +124,16 @@ def test_the_bounds_of_bounded_asynchrony_are_on_by_default_and_switched_off_by_
     monkeypatch.setenv("TBA_MAX_STALENESS", "3")
     s = load_settings(TrainerSettings, parse(TrainerSettings, ["--max-reuse", "2.5"]))
     assert (s.max_staleness, s.max_reuse) == (3, 2.5)
+
+
+def test_importance_weights_are_off_by_default_and_for_the_tb_loss_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(TrainerSettings).importance_clip is None
+    monkeypatch.setenv("TBA_IMPORTANCE_CLIP", "0.2")
+    assert load_settings(TrainerSettings).importance_clip == 0.2
+    assert load_settings(TrainerSettings, parse(TrainerSettings, ["--importance-clip", "off"])).importance_clip is None
+    monkeypatch.setenv("TBA_LOSS", "grpo")
+    with pytest.raises(SettingsError, match="TBA_LOSS=grpo takes no importance weights"):
+        load_settings(TrainerSettings)
 
 
 def test_bad_flag_value_names_flag_and_value() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 from typing import Any
@@ -114,17 +115,19 @@ def test_rows_from_batch_merges_a_prompt_served_twice_and_drops_bad_groups() -> 
     plan = plan_micro_batches(rows, 10_000)
     assert plan[0].prompt_index.tolist() == [0, 0, 0]
     assert staleness_histogram(rows) == {2: 3}
+    # Each sample's behaviour log-prob travels with it, for the importance weights.
+    assert plan[0].log_behaviour.tolist() == [r.log_behaviour for r in rows] == [-1.0, -1.0, -1.0]
 
 
 def grads_after_accumulate(
-    model, rows, budget: int, loss: str = "tb", prefix_sharing: bool = True, reference=None
+    model, rows, budget: int, loss: str = "tb", prefix_sharing: bool = True, reference=None, importance_clip=None
 ) -> torch.Tensor:
     optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
     learner = Learner(
         model,
         optimizer,
         scheduler,
-        make_loss(loss),
+        make_loss(loss, importance_clip),
         temperature=0.7,
         pad_id=0,
         token_budget=budget,
@@ -289,3 +292,34 @@ def test_the_trainers_reference_pass_gives_the_searchers_log_probs_and_gradient(
     assert 0 < result.ref_seconds < result.seconds
     with pytest.raises(ValueError, match="no reference model"):
         grads_after_accumulate(model, unscored, 64)
+
+
+def test_the_learner_weights_each_sample_by_its_policys_ratio_to_the_one_that_drew_it(tiny_model) -> None:
+    """TBA_IMPORTANCE_CLIP: rows whose behaviour log-prob is the policy's own give plain TB's gradient; rows
+    drawn by another policy give another, and the step reports their weights."""
+    from transformers import AutoModelForCausalLM
+
+    from tba.model.logprobs import sequence_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    rows = make_rows(num_prompts=4, K=3, seed=8)
+    prompts, completions = [list(r.prompt_ids) for r in rows], [list(r.completion_ids) for r in rows]
+    with torch.no_grad():
+        own = sequence_logprobs(model, prompts, completions, 0.7, 0)
+    fresh = [replace(r, log_behaviour=float(v)) for r, v in zip(rows, own, strict=True)]
+    plain = grads_after_accumulate(model, fresh, 64)
+    weighted = grads_after_accumulate(model, fresh, 64, importance_clip=0.2)
+    torch.testing.assert_close(weighted, plain, rtol=1e-4, atol=1e-5 * plain.abs().max().item())
+    shift = torch.linspace(-0.5, 0.5, len(rows))  # some samples likelier now than when drawn, some less
+    stale = [replace(r, log_behaviour=float(v - d)) for r, v, d in zip(rows, own, shift, strict=True)]
+    moved = grads_after_accumulate(model, stale, 64, importance_clip=0.2)
+    assert (moved - plain).abs().max() > 1e-3 * plain.abs().max()
+    optimizer, scheduler = build_optimizer(model, 1e-3, 0.0, LRSchedule())
+    learner = Learner(
+        model, optimizer, scheduler, make_loss("tb", 0.2), temperature=0.7, pad_id=0, token_budget=64, grad_clip=None
+    )
+    metrics = learner.step(stale, beta=0.1).metrics
+    want = torch.exp(shift.double()).clamp(0.8, 1.2).mean().item()
+    assert metrics["importance_weight_mean"] == pytest.approx(want, rel=1e-3)
+    clipped = ((shift > math.log1p(0.2)) | (shift < math.log1p(-0.2))).double().mean().item()
+    assert 0 < clipped < 1 and metrics["importance_clipped"] == pytest.approx(clipped)

@@ -55,6 +55,23 @@ def test_record_feeds_status_prometheus_file_and_log(tmp_path, caplog) -> None:
     assert record.fields["event"] == "step" and record.fields["loss"] == 0.5
 
 
+def test_the_importance_figures_reach_the_row_and_prometheus_when_the_loss_gives_them(tmp_path) -> None:
+    m = TrainerMetrics(metrics_file=tmp_path / "metrics.jsonl")
+    plain = m.record(1, 0.05, result(), wait_s=0.0)
+    assert "importance_weight_mean" not in plain
+    weighted = result()
+    weighted.metrics.update(behaviour_log_ratio_abs=0.25, importance_weight_mean=0.875, importance_clipped=0.125)
+    row = m.record(2, 0.05, weighted, wait_s=0.0)
+    assert (row["behaviour_log_ratio_abs"], row["importance_weight_mean"], row["importance_clipped"]) == (
+        0.25,
+        0.875,
+        0.125,
+    )
+    text = generate_latest(m.registry).decode()
+    assert "tba_trainer_importance_weight_mean 0.875" in text and "tba_trainer_importance_clipped 0.125" in text
+    assert "tba_trainer_behaviour_log_ratio_abs 0.25" in text
+
+
 def test_two_instances_do_not_collide_in_one_process() -> None:
     a, b = TrainerMetrics(), TrainerMetrics()
     a.set_version(1)
