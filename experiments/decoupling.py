@@ -191,6 +191,14 @@ def update_to_data(summary: dict) -> float | None:
     return buffer.get("samples_served", 0) / generated if generated else None
 
 
+def off_policy_distance(rows: list[dict]) -> float | None:
+    """Mean |log pi_theta - log mu| over the samples trained on: how far the policy trained was from the ones that
+    generated its samples (on fresh samples, the engine's and the trainer's arithmetic disagreeing)."""
+    rows = [r for r in rows if r.get("behaviour_log_ratio_abs") is not None]
+    samples = sum(r["samples"] for r in rows)
+    return sum(r["behaviour_log_ratio_abs"] * r["samples"] for r in rows) / samples if samples else None
+
+
 def cycle_parts(rows: list[dict]) -> dict[str, float] | None:
     """Median seconds per step: the whole cycle (step to step), the trainer's compute (the reference pass, where
     the trainer runs it, included) and its wait for the batch; the rest is publishing the checkpoint and the
@@ -289,7 +297,7 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
         "Per run: steps; accuracy start → lowest → end; times to the targets (s); update-to-data; median cycle = "
         "compute + wait + the rest (s); the searcher's generate + score and publish per batch (s); share of the "
         "samples trained on by staleness in versions "
-        f"({' / '.join(buckets)}):",
+        f"({' / '.join(buckets)}); mean |log pi_theta - log mu| of those samples (nats):",
         "",
     ]
     for name, summaries in runs.items():
@@ -306,10 +314,12 @@ def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: flo
             )
             hist = " / ".join(f"{100 * v:.0f}%" for v in staleness_histogram(r).values())
             searched = f"{work['generate']:.3f} + {work['score']:.3f}" if work else "-"
+            distance = off_policy_distance(r)
             lines.append(
                 f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps; {ev[0]['accuracy']:.1%} → "
                 f"{min(e['accuracy'] for e in ev):.1%} → {ev[-1]['accuracy']:.1%}; {times}; "
-                f"{'-' if utd is None else f'{utd:.2f}'}; {cycle}; {searched}; {hist}"
+                f"{'-' if utd is None else f'{utd:.2f}'}; {cycle}; {searched}; {hist}; "
+                f"{'-' if distance is None else f'{distance:.3f}'}"
             )
     lines += [
         "",

@@ -226,12 +226,6 @@ class LossSettings(BaseModel):
         "eps (FlowRL's correction for stale samples; unset: every sample counts once, TB needing no ratio).",
     )
 
-    @field_validator("importance_clip", mode="before")
-    @classmethod
-    def _importance_off(cls, v: Any) -> Any:
-        """``TBA_IMPORTANCE_CLIP=off`` (or ``none``): no importance weights."""
-        return off_to_none(v)
-
 
 class OptimizerSettings(BaseModel):
     """The optimizer and its schedule, and how a batch becomes micro-batches."""

@@ -73,7 +73,7 @@ def test_successes_are_counted_per_run_window_from_the_searchers_records(tmp_pat
 
 
 def test_decoupling_reads_staleness_update_to_data_and_the_cycle_from_a_run() -> None:
-    from experiments.decoupling import cycle_parts, staleness_histogram, update_to_data
+    from experiments.decoupling import cycle_parts, off_policy_distance, staleness_histogram, update_to_data
 
     rows = [
         {"ts": 0.0, "step_s": 0.1, "wait_s": 0.2, "staleness_hist": {"0": 6, "3": 2}},
@@ -88,6 +88,9 @@ def test_decoupling_reads_staleness_update_to_data_and_the_cycle_from_a_run() ->
     assert update_to_data({"buffer": {}}) is None
     assert cycle_parts(rows) == {"cycle": 0.55, "compute": 0.1, "reference": 0.0, "wait": 0.3}
     assert cycle_parts(rows[2:] * 3)["reference"] == 0.05  # the trainer's reference pass (TBA_REF_PASS=trainer)
+    assert off_policy_distance(rows) is None  # runs from before the trainer reported it
+    distances = [{"samples": 64, "behaviour_log_ratio_abs": 0.5}, {"samples": 192, "behaviour_log_ratio_abs": 0.1}]
+    assert off_policy_distance(rows + distances) == (64 * 0.5 + 192 * 0.1) / 256  # weighted by the samples
 
 
 def test_decoupling_arms_differ_only_in_the_mode_and_run_the_configuration_s_task() -> None:

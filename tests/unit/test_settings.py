@@ -130,7 +130,7 @@ def test_importance_weights_are_off_by_default_and_for_the_tb_loss_only(monkeypa
     assert load_settings(TrainerSettings).importance_clip is None
     monkeypatch.setenv("TBA_IMPORTANCE_CLIP", "0.2")
     assert load_settings(TrainerSettings).importance_clip == 0.2
-    assert load_settings(TrainerSettings, parse(TrainerSettings, ["--importance-clip", "off"])).importance_clip is None
+    assert load_settings(TrainerSettings, parse(TrainerSettings, ["--importance-clip", "0.1"])).importance_clip == 0.1
     monkeypatch.setenv("TBA_LOSS", "grpo")
     with pytest.raises(SettingsError, match="TBA_LOSS=grpo takes no importance weights"):
         load_settings(TrainerSettings)
