@@ -111,7 +111,7 @@ def tb_loss(x: LossInput, beta: float, denom: int | None = None, importance_clip
     N = x.log_pi.numel()
     denom = N if denom is None else denom
     G = x.num_prompts
-    weight, clipped = torch.ones_like(x.reward), torch.zeros_like(x.reward, dtype=torch.bool)
+    weight, clipped = torch.ones_like(x.reward), None
     if importance_clip is not None:
         if x.log_behaviour is None:
             raise ValueError("importance weights need the behaviour policy's log-probs (LossInput.log_behaviour)")
@@ -124,7 +124,7 @@ def tb_loss(x: LossInput, beta: float, denom: int | None = None, importance_clip
     metrics = _common_metrics(x, denom)
     metrics["loss"] = float(loss.detach())
     metrics["log_Z_mean"] = float(log_Z[x.prompt_index].sum()) / denom  # sample-weighted mean over prompts
-    if importance_clip is not None:
+    if clipped is not None:
         metrics["importance_weight_mean"] = float(weight.sum()) / denom
         metrics["importance_clipped"] = float(clipped.sum()) / denom  # the fraction of samples at a bound
     return LossOutput(loss=loss, metrics=metrics)
