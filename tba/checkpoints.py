@@ -5,14 +5,25 @@ Layout under the checkpoint root (one module builds every path)::
     step-000120/            complete, immutable checkpoint (HF format)
         model.safetensors config.json tokenizer.json generation_config.json ...
         trainer/            the trainer's own resume state (not hashed, not read by searchers)
+            manifest.json   the directory's own manifest: its content hash, checked on resume
     LATEST                  JSON manifest of the newest complete checkpoint
     .tmp-...                work in progress: never read
+    unusable-step-...       a checkpoint a resume found damaged, set aside for inspection: never read
 
-Publishing: write everything into a ``.tmp-`` directory, fsync it, rename it to
+Publishing: write everything into a ``.tmp-`` directory, rename it to
 ``step-NNNNNN``, then atomically replace ``LATEST``, then announce the manifest
 on Redis (pub/sub plus a key holding the newest). Readers trust only a manifest,
 and verify the directory's content hash before loading, so a half-written
 checkpoint is never visible.
+
+Durability is per checkpoint. A *durable* commit fsyncs every file before the rename and the
+directory after it, so the checkpoint survives the host losing power. The trainer makes durable
+only the checkpoints that write the optimizer's state (its resume points, at most
+``TBA_OPTIMIZER_STATE_SECONDS`` apart); a weights-only checkpoint between them is renamed straight
+from the page cache, which every reader on the host, or behind a network filesystem's
+close-to-open consistency, already sees whole. After a power loss such a checkpoint may come
+back torn: a resume checks each candidate against its own manifest, sets the damaged ones aside,
+and goes on from the newest intact one (at worst the last durable one).
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ MANIFEST_NAME = "LATEST"
 STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 TRAINER_STATE_DIR = "trainer"
+OWN_MANIFEST = "manifest.json"  # in TRAINER_STATE_DIR
+UNUSABLE_PREFIX = "unusable-"
 
 
 class CheckpointError(RuntimeError):
@@ -100,26 +113,34 @@ class CheckpointStore:
         tmp.mkdir()
         return tmp
 
-    def commit(self, tmp_dir: Path, version: int, step: int) -> CheckpointManifest:
-        """fsync ``tmp_dir``, rename it to ``step-NNNNNN``, then replace LATEST; return the manifest."""
+    def commit(self, tmp_dir: Path, version: int, step: int, durable: bool = True) -> CheckpointManifest:
+        """Record ``tmp_dir``'s manifest in it, rename it to ``step-NNNNNN``, then replace LATEST; return the
+        manifest. ``durable``: fsync the files before the rename and the directories after it (see the module's
+        docstring for which checkpoints skip it)."""
         final = self.step_dir(version)
         if final.exists():
             raise CheckpointError(f"{final} already exists: a version number is never reused")
         manifest = CheckpointManifest(
             version=version, step=step, path=final.name, content_hash=content_hash(tmp_dir), created_at=time.time()
         )
-        _fsync_tree(tmp_dir)
+        (tmp_dir / TRAINER_STATE_DIR).mkdir(exist_ok=True)
+        (tmp_dir / TRAINER_STATE_DIR / OWN_MANIFEST).write_text(manifest.model_dump_json())
+        if durable:
+            _fsync_tree(tmp_dir)
         os.rename(tmp_dir, final)
-        _fsync_path(self.root)
-        self.write_manifest(manifest)
+        if durable:
+            _fsync_path(self.root)
+        self.write_manifest(manifest, durable)
         return manifest
 
-    def write_manifest(self, manifest: CheckpointManifest) -> None:
+    def write_manifest(self, manifest: CheckpointManifest, durable: bool = True) -> None:
         tmp = self.root / f"{TMP_PREFIX}{MANIFEST_NAME}-{uuid.uuid4().hex}"
         tmp.write_text(manifest.model_dump_json())
-        _fsync_path(tmp)
+        if durable:
+            _fsync_path(tmp)
         os.replace(tmp, self.manifest_path)
-        _fsync_path(self.root)
+        if durable:
+            _fsync_path(self.root)
 
     def read_manifest(self) -> CheckpointManifest | None:
         """The newest published manifest, or None if nothing was published yet."""
@@ -137,6 +158,31 @@ class CheckpointStore:
         if actual != manifest.content_hash:
             raise CheckpointError(f"{directory}: content hash {actual[:12]} != manifest {manifest.content_hash[:12]}")
         return directory
+
+    def verify_own(self, version: int) -> CheckpointManifest:
+        """Checkpoint ``version``'s own manifest, its content hash checked; CheckpointError if it is damaged.
+
+        A directory without one (written before checkpoints recorded it, durably) is taken as it is."""
+        directory = self.step_dir(version)
+        try:
+            manifest = parse_manifest((directory / TRAINER_STATE_DIR / OWN_MANIFEST).read_bytes())
+        except FileNotFoundError:
+            return CheckpointManifest(
+                version=version, step=version, path=directory.name, content_hash=content_hash(directory)
+            )
+        except PayloadError as err:
+            raise CheckpointError(f"{directory}: {err}") from None
+        if manifest.path != directory.name:
+            raise CheckpointError(f"{directory}: its manifest names {manifest.path!r}")
+        self.verify(manifest)
+        return manifest
+
+    def set_aside(self, version: int) -> Path:
+        """Rename checkpoint ``version`` out of the protocol (``unusable-step-NNNNNN-<id>``, never read or pruned),
+        so that its version number can be published again."""
+        aside = self.root / f"{UNUSABLE_PREFIX}{step_name(version)}-{uuid.uuid4().hex[:8]}"
+        os.rename(self.step_dir(version), aside)
+        return aside
 
     def versions(self) -> list[int]:
         """Versions of the complete (renamed) checkpoints on disk, oldest first."""

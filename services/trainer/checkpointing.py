@@ -34,7 +34,7 @@ import torch
 from safetensors import SafetensorError
 
 from services.trainer.distributed import ONE_PROCESS, Ranks, full_state, load_optimizer_state
-from tba.checkpoints import TRAINER_STATE_DIR, CheckpointError, CheckpointStore, announce, content_hash
+from tba.checkpoints import TRAINER_STATE_DIR, CheckpointError, CheckpointStore, announce
 from tba.model.adapters import is_adapter
 from tba.schemas import CheckpointManifest
 
@@ -105,7 +105,8 @@ def save_checkpoint(
             _save_trainer_state(tmp / TRAINER_STATE_DIR, optimizer_state, scheduler, state, optimizer_file)
         except (RuntimeError, SafetensorError) as err:  # how torch.save and safetensors report a failed write
             raise CheckpointWriteError(f"could not write {tmp}: {err}") from err
-        return store.commit(tmp, version=state.step, step=state.step)
+        # Durable only where the optimizer's state is written: the resume points (tba/checkpoints.py).
+        return store.commit(tmp, version=state.step, step=state.step, durable=optimizer_file is None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -148,26 +149,24 @@ class ResumePoint:
 
 
 def find_resume_point(store: CheckpointStore) -> ResumePoint | None:
-    """The newest complete checkpoint that carries trainer state, re-published as LATEST if it was not yet.
+    """The newest intact checkpoint that carries trainer state, re-published (durably) as LATEST.
 
-    A kill between the rename and the manifest write leaves the newest directory
-    complete but unannounced; it is still the newest state, so resume from it.
+    A kill between the rename and the manifest write leaves the newest directory complete but unannounced; it is
+    still the newest state, so resume from it. A power loss may leave the newest ones torn (weights-only
+    checkpoints are not fsynced, :mod:`tba.checkpoints`): each candidate is checked against its own manifest, and
+    every damaged one newer than the resume point is set aside, so that its version number can be published again.
     """
-    latest = store.read_manifest()
     for version in reversed(store.versions()):
         directory = store.step_dir(version)
         try:
             state = load_state(directory)
-            if latest is not None and latest.version == version:
-                store.verify(latest)
-                return ResumePoint(directory, latest, state)
-            manifest = CheckpointManifest(
-                version=version, step=state.step, path=directory.name, content_hash=content_hash(directory)
-            )
-            store.write_manifest(manifest)
-            return ResumePoint(directory, manifest, state)
+            manifest = store.verify_own(version)
         except (CheckpointError, OSError, ValueError, KeyError) as err:
-            log.warning("checkpoint %s is not resumable (%s); trying an older one", directory.name, err)
+            aside = store.set_aside(version)
+            log.warning("checkpoint %s is not resumable (%s); set aside as %s", directory.name, err, aside.name)
+            continue
+        store.write_manifest(manifest)
+        return ResumePoint(directory, manifest, state)
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -223,6 +224,39 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(trained):
     point = find_resume_point(store)
     assert point.state.step == 2
     assert json.loads(store.manifest_path.read_text())["version"] == 2
+
+
+def test_a_power_loss_tearing_weights_only_checkpoints_resumes_from_the_newest_intact(trained, monkeypatch):
+    """Weights-only checkpoints are not fsynced (the one that writes the optimizer's state is): after a power loss
+    that tore the newest one and LATEST, a resume takes the newest intact checkpoint, re-publishes it, sets the torn
+    one aside, and the trainer can publish that version number again."""
+    learner, store, first, tokenizer = trained
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    written = optimizer_path(store.resolve(first))
+
+    def weights_only(step: int):
+        learner.step(batches(1, seed=step)[0], beta=0.05)
+        state = TrainerState(step=step, beta=0.05, optimizer_step=2)
+        opt, sched = learner.optimizer, learner.scheduler
+        return save_checkpoint(store, learner.model, tokenizer, opt, sched, state, optimizer_file=written)
+
+    intact, torn = weights_only(3), weights_only(4)
+    assert synced == [], "a weights-only checkpoint is not fsynced"
+    weights = store.resolve(torn) / "model.safetensors"
+    weights.write_bytes(b"\0" * weights.stat().st_size)  # what an unsynced file can come back as
+    store.manifest_path.write_bytes(b"")
+
+    point = find_resume_point(store)
+    assert point is not None and point.manifest == intact and point.state.step == 3
+    assert store.read_manifest() == intact and store.versions() == [2, 3]
+    assert len(list(store.root.glob("unusable-step-000004-*"))) == 1
+    assert synced, "the resume point is re-published durably"
+    synced.clear()
+    again = publish(store, learner, tokenizer, step=4)
+    assert store.verify_own(4) == again
+    assert synced, "a checkpoint that writes the optimizer's state is fsynced"
 
 
 def test_prune_keeps_the_newest_and_respects_the_grace_period(trained):
