@@ -11,7 +11,8 @@
    2..N from the metrics file, against the bare loop on those batches; runs alternate with the bare loop.
 3. Checkpoint publish (HF save + trainer state + fsync + hash + rename + manifest + Redis announce + prune)
    for the tiny model and a ~100M-parameter model, against a durable bare save of the same bytes
-   (``save_pretrained`` + ``torch.save`` of the optimizer + fsync).
+   (``save_pretrained`` + ``torch.save`` of the optimizer + fsync); and the weights-only publish (the
+   optimizer file linked, nothing fsynced) against that full one.
 4. ``--model M`` (``python -m benchmarks.run --model M trainer``): 1 and 3 at a pretrained model
    (:func:`model_figures`). Batches are the model's own samples (HF ``generate``, T=0.7, top_k=0, up to 64
    new tokens, K=8, cut after EOS) of chat-form arithmetic prompts through its chat template, pushed
@@ -494,7 +495,7 @@ def publish_time(
             statistics.median(linked),
             "s",
             statistics.median(ours),
-            "the publishes between two writes of the optimizer's state (TBA_OPTIMIZER_STATE_SECONDS)",
+            "the publishes between two writes of the optimizer's state (TBA_OPTIMIZER_STATE_SECONDS), not fsynced",
         ),
     ]
     if report_size:
