@@ -51,7 +51,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks import Figure
 from tba.health import free_port
@@ -217,17 +219,17 @@ def _fetch(buffer_url: str, seeds: list[int], num_prompts: int = P) -> list:
 class BareLoop:
     """The TB step written as plainly as possible: the baseline the service is measured against.
 
-    On ``device`` with fp32 master weights; ``compute_dtype`` bfloat16/float16 runs the forward under
-    ``torch.autocast``, as the service's Learner does with the same setting."""
+    On the device of ``model`` (fp32 master weights; a peft model trains its adapters only);
+    ``compute_dtype`` bfloat16/float16 runs the forward under ``torch.autocast``, as the service's
+    Learner does with the same setting."""
 
-    def __init__(self, model_dir: Path, pad_id: int, device: str = "cpu", compute_dtype: str = "float32") -> None:
+    def __init__(self, model, pad_id: int, compute_dtype: str = "float32") -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
         self.torch = torch
-        self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
         self.pad_id = pad_id
         self.compute_dtype = compute_dtype
 
@@ -271,18 +273,21 @@ class BareLoop:
         return int(attn.sum())
 
 
-def _service_learner(
-    model_dir: Path, pad_id: int, device: str = "cpu", compute_dtype: str = "float32", token_budget: int = 16384
-):
-    """The service's Learner as the Trainer builds it (fp32 weights on ``device``, ``compute_dtype`` autocast)."""
+def load_model(model_dir: Path, device: str = "cpu"):
+    """The model at ``model_dir`` with fp32 weights on ``device``, as the Trainer loads it."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
+
+
+def service_learner(model, pad_id: int, compute_dtype: str = "float32", token_budget: int = 16384):
+    """The service's Learner as the Trainer builds it around ``model`` (fp32 weights, ``compute_dtype``
+    autocast)."""
     from services.trainer.learner import Learner
     from services.trainer.losses import make_loss
     from services.trainer.optim import LRSchedule, build_optimizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     opt, sched = build_optimizer(model, 1e-5, 0.0, LRSchedule())
     return Learner(
         model,
@@ -306,7 +311,7 @@ def _synchronize(device: str) -> None:
 
 
 def learner_vs_bare(
-    model_dir: Path,
+    model_dir: Path | Callable[[], Any],
     batches: list,
     pad_id: int,
     label: str = "tiny model",
@@ -315,45 +320,110 @@ def learner_vs_bare(
     compute_dtype: str = "float32",
     token_budget: int = 16384,
 ) -> list[Figure]:
-    from services.trainer.batching import rows_from_batch
-    from services.trainer.metrics import TrainerMetrics
-
-    bare = BareLoop(model_dir, pad_id, device, compute_dtype)
-    learner = _service_learner(model_dir, pad_id, device, compute_dtype, token_budget)
-    metrics = TrainerMetrics()
-    vocab, max_len = learner.model.config.vocab_size, learner.model.config.max_position_embeddings
-    times = {"bare": 0.0, "service": 0.0}
-    tokens = {"bare": 0, "service": 0}
-    bare.step(batches[0])  # warm both up (first-call allocations)
-    learner.step(rows_from_batch(batches[0], vocab, max_len)[0], BETA)
-    for _ in range(rounds):
-        _synchronize(device)
-        t0 = time.perf_counter()
-        for b in batches:
-            tokens["bare"] += bare.step(b)
-        _synchronize(device)
-        times["bare"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for i, b in enumerate(batches):
-            rows, _ = rows_from_batch(b, vocab, max_len)
-            result = learner.step(rows, BETA)
-            metrics.record(i + 1, BETA, result, 0.0)
-            tokens["service"] += result.tokens
-        _synchronize(device)
-        times["service"] += time.perf_counter() - t0
-    assert tokens["bare"] == tokens["service"], "both arms must see the same tokens"
-    ours, base = tokens["service"] / times["service"], tokens["bare"] / times["bare"]
+    """The figure of :func:`compare_learner`: our tokens/s against the bare loop's on the same batches."""
+    result = compare_learner(model_dir, batches, pad_id, rounds, device, compute_dtype, token_budget)
     p, k = len(batches[0].groups), len(batches[0].groups[0].samples)
     return [
         Figure(
             PART,
             f"learner step tokens/s (P={p}, K={k}, {label}) vs bare PyTorch loop",
-            ours,
+            result["service"]["tokens_per_s"],
             "tokens/s",
-            base,
+            result["bare"]["tokens_per_s"],
             ">= 0.9",
         )
     ]
+
+
+def compare_learner(
+    model_dir: Path | Callable[[], Any],
+    batches: list,
+    pad_id: int,
+    rounds: int = ROUNDS,
+    device: str = "cpu",
+    compute_dtype: str = "float32",
+    token_budget: int = 16384,
+    wrap: Callable[[Any], Any] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Per arm (``bare``, ``service``): tokens/s over ``rounds`` alternating passes over ``batches``, and on a
+    CUDA device the step's peak memory in GB (the arm's weights and optimizer state plus what its step
+    allocates on top). ``model_dir``: a model directory, or a function that builds the same fresh model on
+    ``device`` each call (random weights from a config); ``wrap``: applied to each arm's model (LoRA)."""
+    import torch
+
+    from services.trainer.batching import rows_from_batch
+    from services.trainer.metrics import TrainerMetrics
+
+    def build():
+        model = load_model(model_dir, device) if isinstance(model_dir, Path) else model_dir()
+        return wrap(model) if wrap is not None else model
+
+    bare = BareLoop(build(), pad_id, compute_dtype)
+    learner = service_learner(build(), pad_id, compute_dtype, token_budget)
+    metrics = TrainerMetrics()
+    vocab, max_len = learner.model.config.vocab_size, learner.model.config.max_position_embeddings
+
+    def service_step(batch) -> int:
+        """What the Trainer does with a fetched batch: validate it into rows, step, record the metrics."""
+        rows, _ = rows_from_batch(batch, vocab, max_len)
+        result = learner.step(rows, BETA)
+        metrics.record(learner.scheduler.last_epoch, BETA, result, 0.0)
+        return result.tokens
+
+    out = {
+        arm: {"tokens_per_s": rate}
+        for arm, rate in alternate({"bare": bare.step, "service": service_step}, batches, rounds, device).items()
+    }
+    if torch.device(device).type == "cuda":
+        for model in (bare.model, learner.model):
+            model.zero_grad(set_to_none=True)  # so that what is resident before a step is the two arms' state
+        out["bare"]["peak_gb"] = _peak_gb(bare.model, bare.opt, lambda: bare.step(batches[0]))
+        rows = rows_from_batch(batches[0], vocab, max_len)[0]
+        out["service"]["peak_gb"] = _peak_gb(learner.model, learner.optimizer, lambda: learner.step(rows, BETA))
+    return out
+
+
+def alternate(
+    arms: dict[str, Callable[[Any], int]], batches: list, rounds: int, device: str = "cpu"
+) -> dict[str, float]:
+    """Tokens/s of each arm (a step function returning the tokens it trained on) over ``rounds`` passes over
+    ``batches``, the arms taking turns each round so that other load on the machine hits them alike; one
+    warm-up step each first (first-call allocations, kernel selection), not counted. Every arm must report
+    the same tokens: they do the same work."""
+    for step in arms.values():
+        step(batches[0])
+    times = dict.fromkeys(arms, 0.0)
+    tokens = dict.fromkeys(arms, 0)
+    for _ in range(rounds):
+        for arm, step in arms.items():
+            _synchronize(device)
+            t0 = time.perf_counter()
+            for b in batches:
+                tokens[arm] += step(b)
+            _synchronize(device)
+            times[arm] += time.perf_counter() - t0
+    assert len(set(tokens.values())) == 1, f"the arms must see the same tokens: {tokens}"
+    return {arm: tokens[arm] / times[arm] for arm in arms}
+
+
+def _state_bytes(model, optimizer) -> int:
+    """Bytes of the weights and the optimizer's state that a trainer keeps between steps."""
+    tensors = list(model.parameters())
+    tensors += [v for s in optimizer.state.values() for v in s.values() if hasattr(v, "nbytes")]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _peak_gb(model, optimizer, step: Callable[[], Any]) -> float:
+    """One step's peak GPU memory as if this arm were alone on the device: its resident state plus the most
+    the step allocated on top of everything resident before it (gradients, activations, workspaces)."""
+    import torch
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (_state_bytes(model, optimizer) + torch.cuda.max_memory_allocated() - before) / 2**30
 
 
 def _loop_settings(model_dir: Path, work: Path, redis_url: str, buffer_url: str, run: int):
@@ -388,7 +458,7 @@ def service_loop(model_dir: Path, work: Path, redis_url: str, buffer_url: str, p
     times = {"bare": 0.0, "service": 0.0}
     tokens = {"bare": 0, "service": 0}
     for run in range(ROUNDS):
-        bare = BareLoop(model_dir, pad_id)
+        bare = BareLoop(load_model(model_dir), pad_id)
         bare.step(batches[0])
         t0 = time.perf_counter()
         tokens["bare"] += sum(bare.step(b) for b in batches)
