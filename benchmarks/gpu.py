@@ -50,7 +50,9 @@ from typing import Any
 from benchmarks.trainer import BETA, T, alternate, compare_learner, service_learner
 
 VOCAB = 49152  # SmolLM2's tokenizer, for every size
-LLAMA = dict(vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=8192, rope_theta=100000.0)
+LLAMA: dict[str, Any] = dict(
+    vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=8192, rope_theta=100000.0
+)
 SIZES: dict[str, dict[str, int]] = {
     # SmolLM2-135M's own shape
     "smollm2-135m": dict(
