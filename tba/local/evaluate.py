@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Ask prompts through the model's chat template: auto (when it has one), on, off.",
     )
     parser.add_argument("--system-prompt", default=None, help="System message before each chat prompt.")
+    parser.add_argument(
+        "--stop",
+        default="[]",
+        help="Stop strings as a JSON list, as TBA_STOP: a completion ends with the token that completes one, "
+        "keeping it, as the searchers' do (e.g. '[\"\\n\"]').",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Sampling seed.")
     parser.add_argument("--threads", type=int, default=0, help="Torch CPU threads (0: the idle cores).")
     parser.add_argument("--json", action="store_true", help="Print the result as JSON (for scripts).")
@@ -89,6 +95,13 @@ def main(args: argparse.Namespace) -> int:
         options = json.loads(args.task_options)
     except ValueError:
         print(f"tba eval: --task-options is not valid JSON: {args.task_options!r}", file=sys.stderr)
+        return 2
+    try:
+        stop = json.loads(args.stop)
+    except ValueError:
+        stop = None
+    if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
+        print(f"tba eval: --stop must be a JSON list of non-empty strings, got {args.stop!r}", file=sys.stderr)
         return 2
     if args.n_prompts < 1 or args.samples < 0 or args.temperature <= 0 or args.max_new_tokens < 1:
         print(
@@ -116,6 +129,7 @@ def main(args: argparse.Namespace) -> int:
             seed=args.seed,
             threads=args.threads,
             system_prompt=args.system_prompt,
+            stop=stop,
             base=args.base,
         )
     except (ValueError, OSError, CheckpointError) as err:

@@ -627,7 +627,7 @@ class LocalRun:
     # --- evaluation -----------------------------------------------------
     def _eval_options(self) -> dict[str, Any]:
         """What every evaluation of the run asks: the task's held-out prompts, asked as the searchers ask them (prompt
-        form, completion length), answered greedily."""
+        form, completion length) and read where theirs end (stop strings), answered greedily."""
         s = self.args.searcher_settings
         return {
             "task": self.args.task,
@@ -637,6 +637,7 @@ class LocalRun:
             "chat_template": s.chat_template,
             "system_prompt": s.system_prompt,
             "max_new_tokens": s.max_new_tokens,
+            "stop": list(s.stop),
         }
 
     def _evaluate(self, model_dir: Path, version: int) -> float:

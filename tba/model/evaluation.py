@@ -15,7 +15,10 @@ A completion is correct when its reward is positive (binary tasks: reward 1).
 Decoding is transformers with a KV cache (:mod:`tba.model.generate`), so SFT,
 this command and the end-to-end report evaluate in-process without a vLLM
 engine. Prompts are asked as the searchers ask them: in chat form through the
-model's chat template when the task is (``--chat-template``, as ``TBA_CHAT_TEMPLATE``).
+model's chat template when the task is (``--chat-template``, as ``TBA_CHAT_TEMPLATE``),
+and a completion ends where a searcher's would: at EOS, or with the token that completes
+one of the stop strings (``--stop``, as ``TBA_STOP``), which it keeps (:func:`cut_at_stop`),
+so the answer reader sees the text the searchers' reward sees.
 :func:`evaluate_checkpoint` is the entry point for scripts; the command is tba/local/evaluate.py.
 """
 
@@ -68,6 +71,21 @@ def load_model(model_dir: str | Path, device: str = "cpu", base: str | Path | No
     return model, load_tokenizer(model_dir)
 
 
+def cut_at_stop(ids: Sequence[int], tokenizer: Any, stops: Sequence[str]) -> tuple[list[int], bool]:
+    """``ids`` up to and including the first token whose decode completes one of ``stops``, and whether one did.
+
+    This is vLLM's stop-string rule with the stop string kept in the output (the searchers' setting): the
+    engine checks the detokenized text after every token and ends the completion at the token that made a
+    stop string appear, so its ids may carry a few characters past the stop string, and so do these."""
+    ids = list(ids)
+    if stops:
+        for k in range(len(ids)):
+            text = tokenizer.decode(ids[: k + 1])
+            if any(s in text for s in stops):
+                return ids[: k + 1], True
+    return ids, False
+
+
 def complete(
     model: Any,
     tokenizer: Any,
@@ -77,8 +95,10 @@ def complete(
     temperature: float = 0.0,
     seed: int | None = None,
     prompt_format: Any = None,
+    stop: Sequence[str] = (),
 ) -> list[str]:
-    """Completion texts (EOS removed) of prompt texts; greedy when ``temperature`` is 0."""
+    """Completion texts (EOS removed) of prompt texts, each ending at EOS or at the first of ``stop``
+    (:func:`cut_at_stop`); greedy when ``temperature`` is 0."""
     from tba.model.generate import eos_ids, generate, strip_eos
     from tba.model.tokenizer import PLAIN
 
@@ -94,7 +114,7 @@ def complete(
         temperature=temperature,
         seed=seed,
     )
-    return [tokenizer.decode(strip_eos(c, eos), skip_special_tokens=True) for c in ids]
+    return [tokenizer.decode(strip_eos(cut_at_stop(c, tokenizer, stop)[0], eos), skip_special_tokens=True) for c in ids]
 
 
 def prompt_format_for(task: Any, system_prompt: str | None = None) -> Any:
@@ -115,10 +135,12 @@ def attempts(
     temperature: float = 0.0,
     seed: int | None = None,
     prompt_format: Any = None,
+    stop: Sequence[str] = (),
 ) -> tuple[list[str], list[float]]:
     """``samples`` attempts at each prompt (prompt-major): their texts and rewards. An attempt at a single-turn
     task is a completion; at a multi-turn task (:class:`~tba.tasks.MultiTurnTask`) an episode, its turns
-    decoded the same way (:mod:`tba.model.episodes`), its text the whole trajectory's."""
+    decoded the same way (:mod:`tba.model.episodes`), its text the whole trajectory's. ``stop``: the
+    searchers' stop strings (``TBA_STOP``), which end a completion or, with the task's own, a turn."""
     from tba.tasks import MultiTurnTask
 
     fmt = prompt_format or prompt_format_for(task)
@@ -131,12 +153,13 @@ def attempts(
             temperature=temperature,
             seed=seed,
             prompt_format=fmt,
+            stop=stop,
         )
         rewards = [r for i, p in enumerate(prompts) for r in task.rewards(p, texts[i * samples : (i + 1) * samples])]
         return texts, rewards
     from tba.model.episodes import run_episodes
 
-    turns = _turns(model, tokenizer, task.turn_stop, temperature, seed)
+    turns = _turns(model, tokenizer, [*stop, *task.turn_stop], temperature, seed)
     ids = [fmt.encode(tokenizer, p.text) for p in prompts]
     groups = run_episodes(turns, task, tokenizer, prompts, ids, samples, max_new_tokens, task.max_episode_tokens)
     texts, rewards = [], []
@@ -161,10 +184,11 @@ def _turns(model: Any, tokenizer: Any, stops: Sequence[str], temperature: float,
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
 
     def cut(ids: list[int], budget: int) -> tuple[list[int], float, str]:
-        for k, token in enumerate(ids[:budget]):
-            if token in eos or (stops and any(s in tokenizer.decode(ids[: k + 1]) for s in stops)):
+        ids, stopped = cut_at_stop(ids[:budget], tokenizer, stops)
+        for k, token in enumerate(ids):
+            if token in eos:
                 return ids[: k + 1], math.nan, "stop"
-        return ids[:budget], math.nan, "length"
+        return ids, math.nan, "stop" if stopped else "length"
 
     def turns(contexts: list[list[int]], n: int, budgets: list[int]) -> list[list[tuple[list[int], float, str]]]:
         flat = [c for c in contexts for _ in range(n)]
@@ -176,11 +200,13 @@ def _turns(model: Any, tokenizer: Any, stops: Sequence[str], temperature: float,
     return turns
 
 
-def greedy_accuracy(model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], max_new_tokens: int = 16) -> float:
+def greedy_accuracy(
+    model: Any, tokenizer: Any, task: Any, prompts: Sequence[Any], max_new_tokens: int = 16, stop: Sequence[str] = ()
+) -> float:
     """pass@1 with greedy decoding: the figure SFT stops on and the end-to-end run reports."""
     if not prompts:
         raise ValueError("no evaluation prompts")
-    _, rewards = attempts(model, tokenizer, task, prompts, max_new_tokens=max_new_tokens)
+    _, rewards = attempts(model, tokenizer, task, prompts, max_new_tokens=max_new_tokens, stop=stop)
     return sum(task.success(r) for r in rewards) / len(prompts)
 
 
@@ -222,6 +248,7 @@ def _sampled_metrics(
     max_new_tokens: int,
     seed: int,
     prompt_format: Any,
+    stop: Sequence[str],
 ) -> dict[str, Any]:
     texts, rewards = attempts(
         model,
@@ -233,6 +260,7 @@ def _sampled_metrics(
         temperature=temperature,
         seed=seed,
         prompt_format=prompt_format,
+        stop=stop,
     )
     per_prompt = [slice(i * samples, (i + 1) * samples) for i in range(len(prompts))]
     return score_samples(task, prompts, [texts[s] for s in per_prompt], ks, [rewards[s] for s in per_prompt])
@@ -250,8 +278,10 @@ def evaluate_model(
     max_new_tokens: int = 16,
     seed: int = 0,
     system_prompt: str | None = None,
+    stop: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Every figure of this module for a loaded model; ``samples=0`` measures greedy pass@1 only."""
+    """Every figure of this module for a loaded model; ``samples=0`` measures greedy pass@1 only. ``stop``: the
+    searchers' stop strings, so that a completion is read where theirs ends."""
     ks = sorted(set(pass_k))
     if samples and any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"every pass@k needs 1 <= k <= samples ({samples}), got {ks}")
@@ -260,7 +290,9 @@ def evaluate_model(
         raise ValueError(f"task {task.name!r} has no held-out prompts")
     fmt = prompt_format_for(task, system_prompt)
     start = time.monotonic()
-    greedy, greedy_rewards = attempts(model, tokenizer, task, prompts, max_new_tokens=max_new_tokens, prompt_format=fmt)
+    greedy, greedy_rewards = attempts(
+        model, tokenizer, task, prompts, max_new_tokens=max_new_tokens, prompt_format=fmt, stop=stop
+    )
     out: dict[str, Any] = {
         "task": task.name,
         "n_prompts": len(prompts),
@@ -269,6 +301,7 @@ def evaluate_model(
         "chat": task.chat,
         "samples": samples,
         "temperature": temperature,
+        "stop": list(stop),
         "pass_at_k": {},
         "sampled_reward": None,
         "distinct_correct": None,
@@ -276,7 +309,7 @@ def evaluate_model(
     }
     if samples:
         out.update(
-            _sampled_metrics(model, tokenizer, task, prompts, samples, ks, temperature, max_new_tokens, seed, fmt)
+            _sampled_metrics(model, tokenizer, task, prompts, samples, ks, temperature, max_new_tokens, seed, fmt, stop)
         )
     out["eval_seconds"] = round(time.monotonic() - start, 3)
     return out
@@ -300,7 +333,7 @@ def evaluate_checkpoint(
     as ``chat_template`` and the model's tokenizer decide); ``threads`` torch CPU threads (0: the idle
     cores); ``base`` the base model of an adapter (default: the one it records); ``kwargs`` go to
     :func:`evaluate_model` (samples, pass_k, temperature, max_new_tokens, seed,
-    system_prompt).
+    system_prompt, stop).
     """
     from tba.model.threads import torch_threads
     from tba.model.tokenizer import uses_chat

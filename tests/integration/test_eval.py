@@ -13,7 +13,7 @@ import pytest
 
 from tba.checkpoints import CheckpointStore
 from tba.cli import main as tba_main
-from tba.model.evaluation import evaluate_checkpoint, pass_at_k, score_samples
+from tba.model.evaluation import cut_at_stop, evaluate_checkpoint, pass_at_k, score_samples
 from tba.model.sft import read_result
 from tba.tasks import Prompt, make_task
 
@@ -34,6 +34,18 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
     for bad in [(4, 5, 1), (4, 1, 5), (4, 1, 0)]:
         with pytest.raises(ValueError):
             pass_at_k(*bad)
+
+
+def test_a_completion_ends_with_the_token_that_completes_a_stop_string() -> None:
+    from tba.model.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()  # one token per character
+    ids = tok.encode("7\n\nThe answer is 7", add_special_tokens=False)
+    assert tok.decode(cut_at_stop(ids, tok, ["\n"])[0]) == "7\n"
+    assert tok.decode(cut_at_stop(ids, tok, ["is", "\n\n"])[0]) == "7\n\n"  # the first stop string to appear
+    assert cut_at_stop(ids, tok, ["?"]) == (ids, False)  # none appears: the whole completion
+    assert cut_at_stop(ids, tok, []) == (ids, False)
+    assert cut_at_stop([], tok, ["\n"]) == ([], False)
 
 
 def test_distinct_correct_answers_are_counted_by_canonical_form() -> None:

@@ -190,6 +190,27 @@ def test_completions_rewards_and_envelope(parts) -> None:
     assert len({g.group_id for g in groups}) == len(groups)
 
 
+def test_the_held_out_evaluation_reads_completions_where_the_searchers_end_them(parts, tiny_model: Path) -> None:
+    """With the searchers' stop strings (TBA_STOP), the evaluation of `tba up` and `tba eval` reads exactly the
+    texts, and so the rewards, that the searchers score: greedy vLLM with stops against the evaluation's decode."""
+    from tba.model.evaluation import attempts, load_model
+
+    engine, scorer = parts
+    stop = ["h", "22"]  # the tiny model's greedy completions hit both (one spans two tokens), and not all do
+    prompts = [task_prompt(text) for text in PROMPTS]
+    ids = [encode_prompt(scorer.tokenizer, p.text) for p in prompts]
+    completions = engine.generate(ids, engine.sampling_params(1, 0.0, 12, stop=stop))
+    groups = scorer.score(GeneratedBatch(prompts, ids, completions, engine.version))
+    searchers = {g.prompt_text: (g.samples[0].completion_text, g.samples[0].reward) for g in groups}
+    assert {c[0].finish_reason for c in completions} == {"stop", "length"}
+
+    model, tokenizer = load_model(tiny_model)
+    texts, rewards = attempts(model, tokenizer, scorer.task, prompts, max_new_tokens=12, stop=stop)
+    assert dict(zip(PROMPTS, zip(texts, rewards, strict=True), strict=True)) == searchers
+    unstopped, _ = attempts(model, tokenizer, scorer.task, prompts, max_new_tokens=12)
+    assert unstopped != texts  # without the stop strings the evaluation would read other texts
+
+
 def test_completions_the_model_cannot_score_are_dropped_not_published(parts, caplog) -> None:
     """Token ids beyond the model's vocabulary (or the wire's int32) never leave the searcher; the rest do."""
     engine, scorer = parts

@@ -65,7 +65,7 @@ def test_sub_command_help_is_useful() -> None:
         text = sub.choices[name].format_help()
         assert "not built yet" not in text.lower(), name
     eval_help = sub.choices["eval"].format_help()
-    for flag in ("--task", "--n-prompts", "--pass-k", "--samples", "--json"):
+    for flag in ("--task", "--n-prompts", "--pass-k", "--samples", "--stop", "--json"):
         assert flag in eval_help
 
 
@@ -82,6 +82,8 @@ def test_no_command_is_a_usage_error() -> None:
         (["eval", "{tmp}", "--task-options", "{oops"], "--task-options is not valid JSON"),
         (["eval", "{tmp}", "--pass-k", "one"], "--pass-k must be comma-separated integers"),
         (["eval", "{tmp}", "--n-prompts", "0"], "--n-prompts >= 1"),
+        (["eval", "{tmp}", "--stop", "\\n"], "--stop must be a JSON list of non-empty strings"),
+        (["eval", "{tmp}", "--stop", '[""]'], "--stop must be a JSON list of non-empty strings"),
         (["model", "sft", "--task-options", "[1"], "tba model sft:"),
         (["model", "sft", "--base", "{tmp}"], "--base needs --out"),
         (["model", "sft", "--task", "chess"], "unknown task 'chess'"),
