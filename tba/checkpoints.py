@@ -33,7 +33,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from tba.codec import PayloadError
 from tba.schemas import CheckpointManifest
@@ -195,17 +197,29 @@ class CheckpointStore:
         return sorted(out)
 
     def prune(
-        self, keep: int, grace_seconds: float, max_on_disk: int | None = None, now: float | None = None
+        self,
+        keep: int,
+        grace_seconds: float,
+        max_on_disk: int | None = None,
+        now: float | None = None,
+        leases: PruneGuard | None = None,
     ) -> list[int]:
-        """Delete all but the newest ``keep`` checkpoints, sparing any younger than the grace period (a reader may
-        be loading it) unless ``max_on_disk`` are on disk already, and leftover temporary directories of a crashed
-        writer. Returns the deleted versions. The bound matters when checkpoints come faster than the grace
-        period: one every step would otherwise leave a minute of them on disk."""
+        """Delete all but the newest ``keep`` checkpoints, sparing any younger than the grace period unless
+        ``max_on_disk`` are on disk already, and leftover temporary directories of a crashed writer. Returns the
+        deleted versions. The bound matters when checkpoints come faster than the grace period: one every step
+        would otherwise leave a minute of them on disk.
+
+        ``leases``: the readers' leases (:mod:`tba.checkpoint_leases`); a checkpoint a reader holds is never
+        deleted, whatever its age. What ``leases`` raises (Redis away) is raised, no checkpoint deleted: a reader
+        may hold one that cannot be seen. None: no reader is asked (a store without searchers)."""
         now = time.time() if now is None else now
+        for p in self.root.glob(f"{TMP_PREFIX}*"):
+            if now - p.stat().st_mtime >= grace_seconds:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         latest = self.read_manifest()
         versions = self.versions()
         on_disk, bound = len(versions), None if max_on_disk is None else max(max_on_disk, keep)
-        deleted = []
+        doomed = []
         for version in versions[:-keep] if keep else versions:  # oldest first
             path = self.step_dir(version)
             if latest is not None and version == latest.version:
@@ -214,12 +228,27 @@ class CheckpointStore:
             if young and (bound is None or on_disk <= bound):
                 continue
             on_disk -= 1
-            shutil.rmtree(path, ignore_errors=True)
-            deleted.append(version)
-        for p in self.root.glob(f"{TMP_PREFIX}*"):
-            if now - p.stat().st_mtime >= grace_seconds:
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        return deleted
+            doomed.append(version)
+        if leases is not None and doomed:
+            claimed = set(leases.claim([step_name(v) for v in doomed]))
+            doomed = [v for v in doomed if step_name(v) in claimed]
+        for version in doomed:
+            shutil.rmtree(self.step_dir(version), ignore_errors=True)
+        if leases is not None and doomed:
+            leases.pruned([step_name(v) for v in doomed])
+        return doomed
+
+
+class PruneGuard(Protocol):
+    """What pruning asks of the readers' leases (:class:`tba.checkpoint_leases.CheckpointLeases`)."""
+
+    def claim(self, directories: Sequence[str]) -> list[str]:
+        """Those of ``directories`` no reader holds, marked as being deleted."""
+        ...
+
+    def pruned(self, directories: Sequence[str]) -> None:
+        """They are deleted."""
+        ...
 
 
 def parse_manifest(data: bytes | str) -> CheckpointManifest:

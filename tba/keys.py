@@ -44,6 +44,17 @@ class Keys:
     def latest_manifest(self) -> str:
         return f"{self.ns}:checkpoints:latest"
 
+    # --- checkpoint leases (searchers hold them, the trainer's pruning honours them): one slot ---
+    @property
+    def checkpoint_leases(self) -> str:
+        """Sorted set: ``<holder>\\n<directory>`` -> the Redis time its lease expires."""
+        return f"{self.ns}:{{ckpt}}:leases"
+
+    @property
+    def checkpoint_pruning(self) -> str:
+        """Sorted set: checkpoint directory -> the Redis time the trainer began deleting it."""
+        return f"{self.ns}:{{ckpt}}:pruning"
+
     # --- buffer storage: global indexes share one slot ---
     def global_key(self, name: str) -> str:
         return f"{self.ns}:{{g}}:{name}"

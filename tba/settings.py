@@ -300,7 +300,8 @@ class DrawSettings(BaseModel):
         ge=0,
         le=2**21 - 1,
         description="Staleness bound (async mode): train only on samples at most this many versions older than "
-        "the trainer's policy, waiting for fresh ones when too few are left (off: no bound).",
+        "the trainer's policy, waiting for fresh ones when too few are left (off: no bound). The searchers read "
+        "it too, to tell when they lag.",
     )
     max_reuse: float | None = Field(
         DEFAULT_MAX_REUSE,
@@ -328,8 +329,8 @@ class PublishSettings(BaseModel):
     checkpoint_grace_seconds: float = Field(
         60.0,
         ge=0.0,
-        description="Never delete a checkpoint younger than this "
-        "(a searcher may be loading it), unless max_checkpoints_on_disk are kept.",
+        description="Never delete a checkpoint younger than this, unless max_checkpoints_on_disk are kept "
+        "(one a searcher holds a lease on is never deleted, whatever its age).",
     )
     max_checkpoints_on_disk: int = Field(
         16,
@@ -473,6 +474,36 @@ class SearcherSettings(ModelSettings):
     spill_dir: Path = Field(Path("spill"), description="On-disk queue for groups Redis could not take.")
     spill_max_bytes: int = Field(1 << 30, ge=1024, description="Spill queue bound in bytes.")
     reload_poll_seconds: float = Field(5.0, gt=0.0, description="Fallback check of the latest manifest.")
+    max_staleness: int | None = Field(
+        DEFAULT_MAX_STALENESS,
+        ge=0,
+        le=2**21 - 1,
+        description="The trainer's staleness bound, set alike on both: a searcher serving a version more than "
+        "this behind the newest announced generates samples too stale to train on (off: no bound, never lagging).",
+    )
+    lag_seconds: float = Field(
+        60.0,
+        gt=0.0,
+        le=86_400.0,
+        description="How long a searcher may serve a version more than TBA_MAX_STALENESS behind the newest "
+        "announced before /readyz answers 503 (lagging); a healthy one catches up at its next reload, within "
+        "seconds.",
+    )
+    reload_timeout_seconds: float = Field(
+        120.0,
+        gt=0.0,
+        le=86_400.0,
+        description="A reload that has not returned after this long (a stuck filesystem or engine call) makes "
+        "/readyz answer 503 until it does.",
+    )
+    checkpoint_lease_seconds: float = Field(
+        60.0,
+        ge=1.0,
+        le=86_400.0,
+        description="Length of a searcher's lease on a checkpoint it verifies, loads or serves, renewed every "
+        "quarter of it; the trainer prunes none a live lease holds, and those of a searcher that died once its "
+        "leases expire.",
+    )
     max_batches_per_version: int | None = Field(
         None,
         ge=1,
@@ -516,6 +547,12 @@ class SearcherSettings(ModelSettings):
     redis_timeout_seconds: float = Field(2.0, gt=0.0, description="Redis socket timeout (slower: unreachable).")
     flush_timeout_seconds: float = Field(30.0, ge=0.0, description="Time to publish spilled groups at shutdown.")
     max_batches: int | None = Field(None, ge=1, description="Stop after this many batches (unset: run forever).")
+
+    @field_validator("max_staleness", mode="before")
+    @classmethod
+    def _bound_off(cls, v: Any) -> Any:
+        """``TBA_MAX_STALENESS=off`` (or ``none``), as the trainer reads it."""
+        return off_to_none(v)
 
     @field_validator("stop")
     @classmethod

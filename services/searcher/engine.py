@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from services.searcher.cpus import computes_bf16, pin_engine_core, spare_cpus
+from services.searcher.startup import WEIGHT_PATTERNS
 from services.searcher.worker_ext import SPIN_ENV
 from tba.model.adapters import is_adapter, vllm_max_rank
 from tba.schemas import FinishReason
@@ -119,6 +120,20 @@ def guarded_call(fn: Callable[[], T], alive: Callable[[], bool], what: str, poll
             raise EngineStopped(f"the engine core exited during {what} ({error[0]})") from error[0]
         raise error[0]
     return result[0]
+
+
+def unloadable(weights_dir: Path) -> str | None:
+    """Why ``weights_dir`` cannot be loaded at all (None: it looks loadable): checked before the engine is asked,
+    so that a checkpoint gone from disk fails with the engine's weights untouched."""
+    if not weights_dir.is_dir():
+        return "the directory is gone"
+    if is_adapter(weights_dir):
+        return None
+    if not (weights_dir / "config.json").is_file():
+        return "it holds no config.json"
+    if not any(next(weights_dir.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        return "it holds no weights"
+    return None
 
 
 def should_restore(stop_requested: bool, alive: bool) -> bool:
@@ -239,11 +254,16 @@ class Engine:
         return engine_alive(self.llm)
 
     def reload(self, weights_dir: Path, version: int, stopping: Callable[[], bool] = lambda: False) -> float:
-        """Load ``weights_dir`` in place; returns the pause in seconds. On failure, restore the old weights.
+        """Load ``weights_dir`` in place; returns the pause in seconds. On failure the engine serves the weights
+        it served before (:class:`ReloadError`), loaded back from their directory when the failed load may have
+        touched them: never the base model, unless that is what it served.
 
         ``stopping`` tells whether a shutdown was requested: a reload that fails then (the signal
         reached the engine core too) raises :class:`EngineStopped` instead of restoring."""
         started = time.monotonic()
+        missing = unloadable(Path(weights_dir))
+        if missing is not None:  # nothing was sent to the engine: its weights are untouched
+            raise ReloadError(f"could not load {weights_dir}: {missing}")
         if is_adapter(weights_dir):
             self._load_adapter(Path(weights_dir), version)
             self.version = version
@@ -255,22 +275,19 @@ class Engine:
                 raise EngineStopped(
                     f"reload of {weights_dir} cut short by shutdown ({err}); the previous weights are not restored"
                 ) from err
-            # The weights it ran may have been pruned too (a searcher many checkpoints behind): the base
-            # model, version 0, is always there.
-            restore, restore_version = self.weights_dir, self.version
-            if not restore.is_dir():
-                restore, restore_version = Path(self.settings.model), 0
-            log.error("reload of %s failed (%s); restoring %s", weights_dir, err, restore)
+            log.error(
+                "reload of %s failed (%s); loading back v%d from %s", weights_dir, err, self.version, self.weights_dir
+            )
             try:
-                self._load(restore)
+                self._load(self.weights_dir)
             except EngineStopped:
                 raise
             except Exception as restore_err:
                 raise RuntimeError(
-                    f"reload of {weights_dir} failed and the previous weights {restore} could not be "
-                    f"restored ({restore_err}): refusing to generate with mixed weights"
+                    f"reload of {weights_dir} failed and the weights served before, v{self.version} in "
+                    f"{self.weights_dir}, could not be loaded back ({restore_err}): refusing to generate with mixed "
+                    "weights"
                 ) from err
-            self.weights_dir, self.version = restore, restore_version
             raise ReloadError(f"could not load {weights_dir}: {err}") from err
         self.weights_dir = Path(weights_dir)
         self.version = version

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from services.searcher.cpus import lower_thread_priority, pinned, spare_cpus
 from services.searcher.engine import Completion, Engine, EngineStopped, ReloadError, finish_reason
+from services.searcher.lag import LagTally, VersionLag
 from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
 from services.searcher.pacing import Pacer
 from services.searcher.publisher import Publisher
@@ -101,6 +102,9 @@ def build_watcher(settings: SearcherSettings, version: int) -> CheckpointWatcher
         CheckpointStore(settings.checkpoint_dir),
         settings.reload_poll_seconds,
         current_version=version,
+        holder=settings.searcher_id,
+        lease_seconds=settings.checkpoint_lease_seconds,
+        lag=VersionLag(settings.max_staleness, settings.lag_seconds, time.monotonic),
     )
 
 
@@ -139,7 +143,9 @@ class Searcher:
         self._reference_dir = Path(settings.model).resolve()
         self.state = SearcherState.STARTING
         self.batches = self.groups_generated = self.samples_generated = self.tokens_generated = 0
-        self.reloads = self.skipped_prompts = 0
+        self.reloads = self.skipped_prompts = self.reload_failures = 0
+        self.reloading: tuple[int, float] | None = None  # (version, monotonic start) of the reload under way
+        self.lag_tally = LagTally(settings.max_staleness)  # the version lag of what was generated
         # A multi-turn task's episodes: the trajectory's token budget, and the episodes that ended early, by
         # what failed (the environment's start or step, or a generation), which are not trained on.
         task = scorer.task
@@ -224,11 +230,13 @@ class Searcher:
         if ckpt is None:
             return True
         self.state = SearcherState.RELOADING
-        old = self.engine.version
+        old, previous = self.engine.version, self.engine.weights_dir
+        self.reloading = (ckpt.version, time.monotonic())
         try:
             pause = self.engine.reload(ckpt.path, ckpt.version, stopping=lambda: self.stop.requested)
         except ReloadError as err:
-            self.watcher.current_version = self.engine.version  # the base model's, if that was restored
+            self.reload_failures += 1
+            self.watcher.current_version = self.engine.version  # still the weights it served
             self.watcher.reject(ckpt, str(err))
             self.state = SearcherState.RUNNING
             return True
@@ -239,7 +247,9 @@ class Searcher:
                 log.warning("shutdown during the reload to v%d: %s", ckpt.version, err)
                 return False
             raise
-        self.watcher.current_version = ckpt.version
+        finally:
+            self.reloading = None
+        self.watcher.loaded(ckpt, previous)
         self.reloads += 1
         self.reload_ms_last = pause * 1000
         self.reload_seconds_total += pause
@@ -374,6 +384,7 @@ class Searcher:
                 self.publisher.publish(groups)
                 self.score_seconds += time.monotonic() - started
                 samples = sum(len(g.samples) for g in groups)
+                self.lag_tally.add(samples, self.watcher.newest_seen - batch.version)
                 tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)
                 self.groups_generated += len(groups)
                 self.samples_generated += samples
@@ -392,18 +403,56 @@ class Searcher:
 
     # --- reporting ---
     def ready(self) -> tuple[bool, str]:
-        if self.state.serving:
-            return True, f"engine loaded, version {self.engine.version}"
-        return False, self.state
+        """Ready while the engine generates and keeps up: not while a reload hangs, nor while lagging."""
+        if not self.state.serving:
+            return False, self.state
+        warning = self.warning()
+        if warning is not None:
+            return False, warning[1]
+        return True, f"engine loaded, version {self.engine.version}"
+
+    def warning(self, now: float | None = None) -> tuple[str, str] | None:
+        """(kind, reason) when the searcher does not keep up: a reload that has not returned within
+        TBA_RELOAD_TIMEOUT_SECONDS ("reload_hung"), or a served version more than TBA_MAX_STALENESS behind the
+        newest announced for longer than TBA_LAG_SECONDS ("lagging"); None when it does."""
+        now = time.monotonic() if now is None else now
+        s, reloading = self.settings, self.reloading
+        if reloading is not None and now - reloading[1] > s.reload_timeout_seconds:
+            return "reload_hung", (
+                f"the reload to v{reloading[0]} has not returned after {now - reloading[1]:.0f} s "
+                f"(TBA_RELOAD_TIMEOUT_SECONDS={s.reload_timeout_seconds:g})"
+            )
+        lag = self.watcher.lag.state(self.engine.version, now)
+        if lag.lagging:
+            return "lagging", (
+                f"serving v{lag.served}, {lag.behind} versions behind the newest announced v{lag.newest} "
+                f"(more than TBA_MAX_STALENESS={s.max_staleness}) for {lag.over_seconds:.0f} s "
+                f"(TBA_LAG_SECONDS={s.lag_seconds:g})"
+            )
+        return None
 
     def status(self) -> dict:
         groups_per_s, samples_per_s, tokens_per_s = self.rates.rates()
         pub = self.publisher.stats
+        now = time.monotonic()
+        lag = self.watcher.lag.state(self.engine.version, now)
+        warning = self.warning(now)
+        tally = self.lag_tally
         return {
             "searcher_id": self.searcher_id,
             "state": self.state,
             "version": self.engine.version,
             "newest_seen_version": self.watcher.newest_seen,
+            "version_lag": lag.behind,
+            "lag_over_bound_s": round(lag.over_seconds, 3),
+            "lagging": int(warning is not None and warning[0] == "lagging"),
+            "reload_hung": int(warning is not None and warning[0] == "reload_hung"),
+            "warning": None if warning is None else warning[1],
+            "warning_kind": None if warning is None else warning[0],
+            "version_lag_mean": None if tally.lag_mean is None else round(tally.lag_mean, 3),
+            "version_lag_max": tally.lag_max,
+            "samples_too_stale": tally.too_stale,
+            "max_staleness": self.settings.max_staleness,
             "batches": self.batches,
             "groups_generated": self.groups_generated,
             "samples_generated": self.samples_generated,
@@ -419,6 +468,13 @@ class Searcher:
             "score_seconds": round(self.score_seconds, 3),
             "reload_seconds": round(self.reload_seconds_total, 3),
             "rejected_checkpoints": self.watcher.rejected,
+            "reload_failures": self.reload_failures,
+            "vanished_checkpoints": self.watcher.vanished,
+            "watcher_errors": self.watcher.errors,
+            "watcher_last_error": self.watcher.last_error,
+            "watcher_alive": int(self.watcher.alive),
+            "leases_held": len(self.watcher.leases.held),
+            "lease_errors": self.watcher.leases.errors,
             "spilled": len(self.spill),
             "spill_bytes": self.spill.nbytes,
             "spilled_total": pub.groups_spilled_total,

@@ -13,18 +13,60 @@ the engine core too), and importing this module as the worker extension (``worke
 runs it in the workers where the package's entry points are not installed.
 
 The worker extension also carries the searcher's in-place reload (:meth:`QuietWorker.reload_in_place`):
-vLLM's reload plus what it leaves undone for a model with tied embeddings.
+vLLM's reload plus what it leaves undone for a model with tied embeddings. Checkpoints hold float32 master
+weights, which a reload casts into the engine's dtype (bfloat16 where the CPU computes it): vLLM warns once
+per weight about that cast (about ten lines a reload for the tiny model, thousands an hour), so during our
+reload :class:`IntendedCasts` drops exactly that warning for exactly that cast, and every other line passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 log = logging.getLogger(__name__)
 SPIN_ENV = "TBA_WORKER_SPIN_SECONDS"
+# vLLM's per-weight warning when a checkpoint tensor's dtype differs from its parameter's (0.32), and its logger.
+CAST_WARNING = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
+CAST_LOGGER = "vllm.model_executor.models.utils"
+
+
+class IntendedCasts(logging.Filter):
+    """Drops vLLM's :data:`CAST_WARNING` for a float32 checkpoint tensor loaded into a parameter of ``dtype``
+    (the cast every reload of a master-weights checkpoint makes on purpose); lets every other record through."""
+
+    def __init__(self, dtype: object) -> None:
+        super().__init__()
+        self.dtype = str(dtype)
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        intended = (
+            record.msg == CAST_WARNING
+            and isinstance(args, tuple)
+            and len(args) == 3
+            and str(args[1]) == "torch.float32"
+            and str(args[2]) == self.dtype
+        )
+        self.dropped += intended
+        return not intended
+
+
+@contextlib.contextmanager
+def intended_casts(dtype: object) -> Iterator[IntendedCasts]:
+    """:class:`IntendedCasts` on vLLM's loading logger while the block runs."""
+    logger = logging.getLogger(CAST_LOGGER)
+    casts = IntendedCasts(dtype)
+    logger.addFilter(casts)
+    try:
+        yield casts
+    finally:
+        logger.removeFilter(casts)
 
 
 def shorten_spin(seconds: float) -> bool:
@@ -73,7 +115,10 @@ class QuietWorker:
         head = getattr(model, "lm_head", None)
         embed = getattr(getattr(model, "model", None), "embed_tokens", None)
         before = getattr(embed, "cpu_linear", None)
-        self.reload_weights(weights_path=weights_path)
+        # The engine's own dtype: what the float32 weights are cast to.
+        dtype = getattr(getattr(self.model_runner, "model_config", None), "dtype", None)
+        with intended_casts(dtype):
+            self.reload_weights(weights_path=weights_path)
         method = getattr(head, "quant_method", None)
         tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
         if not tied or head is None or method is None:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import redis
+
 from services.trainer.batching import rows_from_batch
 from services.trainer.bounds import ON_POLICY, WAIT_REASONS, ReuseBound
 from services.trainer.checkpointing import (
@@ -43,6 +45,7 @@ from services.trainer.losses import BetaSchedule, make_loss
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.optim import LRSchedule, build_optimizer, set_step
 from services.trainer.reference import TrainerReference
+from tba.checkpoint_leases import CheckpointLeases
 from tba.checkpoints import CheckpointStore, model_identity
 from tba.health import HealthServer
 from tba.keys import Keys
@@ -94,6 +97,7 @@ class Trainer:
         self._learner: Learner | None = None
         self._client: BufferClient | None = None
         self._announcer: Announcer | None = None
+        self._leases: CheckpointLeases | None = None  # the searchers' leases, which pruning honours
 
     @property
     def learner(self) -> Learner:
@@ -163,6 +167,7 @@ class Trainer:
         )
         redis_client = sync_client(s.redis_url, s.redis_cluster, timeout=5)
         self._announcer = Announcer(redis_client, Keys(s.namespace))
+        self._leases = CheckpointLeases(redis_client, Keys(s.namespace))
         self.metrics.set_version(self.published)
         if resume:
             self.announcer.announce(resume.manifest)  # it may never have been announced before the crash
@@ -495,12 +500,24 @@ class Trainer:
         self._optimizer_file = link._replace(path=path) if link else OptimizerFile(path, self.step, time.monotonic())
         self.metrics.set_version(manifest.version)
         self.announcer.announce(manifest)
-        deleted = self.store.prune(s.keep_checkpoints, s.checkpoint_grace_seconds, s.max_checkpoints_on_disk)
+        deleted = self.prune()
         seconds = time.perf_counter() - start
         self.metrics.published(seconds)
         log.info(
             "published checkpoint v%d in %.2f s%s", manifest.version, seconds, f" (pruned {deleted})" if deleted else ""
         )
+
+    def prune(self) -> list[int]:
+        """Delete the checkpoints retention lets go and no searcher holds a lease on (tba/checkpoint_leases.py);
+        none while the leases cannot be read (the next publish tries again)."""
+        s = self.settings
+        try:
+            return self.store.prune(
+                s.keep_checkpoints, s.checkpoint_grace_seconds, s.max_checkpoints_on_disk, leases=self._leases
+            )
+        except redis.RedisError as err:
+            log.warning("pruning no checkpoint: the searchers' leases cannot be read (%s)", err)
+            return []
 
     def finish(self, publish: bool) -> None:
         why = "stop requested" if self.stop.is_set() else "budget reached" if self.budget_spent() else "error"

@@ -1,17 +1,29 @@
 """The searcher engine's pure parts: the engine-call guard and restore decision that keep a shutdown
-during a reload from hanging, the shortened spin of vLLM's queues, where the processes and the
-scoring thread run on a CPU host, and the dtype it generates in."""
+during a reload from hanging, what a failed reload loads back (the last good weights, with vLLM's calls
+stubbed), the shortened spin of vLLM's queues, where the processes and the scoring thread run on a CPU
+host, the dtype it generates in, and the one vLLM warning an in-place reload silences."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from services.searcher.cpus import computes_bf16, generation_cpus, lower_thread_priority, pinned, spare_cpus
-from services.searcher.engine import EngineStopped, generation_dtype, guarded_call, should_restore
+from services.searcher.engine import (
+    Engine,
+    EngineStopped,
+    ReloadError,
+    generation_dtype,
+    guarded_call,
+    should_restore,
+    unloadable,
+)
+from services.searcher.worker_ext import CAST_LOGGER, CAST_WARNING, IntendedCasts, intended_casts
 from tba.procs import parse_cpu_list
 from tba.settings import SearcherSettings
 
@@ -131,3 +143,118 @@ def test_generation_dtype_auto_is_bf16_only_on_a_cpu_that_computes_it() -> None:
     assert generation_dtype(pinned_fp32, on_cpu=True, bf16_cpu=lambda: True) == "float32"
     with pytest.raises(ValueError, match="generation_dtype"):
         SearcherSettings(generation_dtype="int8")
+
+
+class StubLLM:
+    """Stands in for vLLM's ``LLM`` in :meth:`Engine.reload`'s decisions: records each in-place load and fails
+    those of the directories in ``failing``."""
+
+    def __init__(self, failing: set[Path]) -> None:
+        self.failing = failing
+        self.loads: list[Path] = []
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list[None]:
+        assert method == "reload_in_place"
+        path = Path(args[0])
+        self.loads.append(path)
+        if path in self.failing:
+            raise RuntimeError(f"cannot load {path}")
+        return [None]
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+
+def model_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"weights")
+    return path
+
+
+def stub_engine(serving: Path, version: int, failing: set[Path], base: Path) -> Engine:
+    engine = object.__new__(Engine)  # the decisions around vLLM's calls, without starting vLLM
+    engine.llm = StubLLM(failing)
+    engine.settings = SearcherSettings(model=base)
+    engine.weights_dir, engine.version, engine.adapter, engine.on_cpu = serving, version, None, True
+    return engine
+
+
+def test_a_failed_reload_loads_back_the_last_good_weights_never_the_base(tmp_path: Path) -> None:
+    base, good, bad = (model_dir(tmp_path / n) for n in ("base", "v7", "v9"))
+    engine = stub_engine(good, 7, {bad}, base)
+    with pytest.raises(ReloadError, match="cannot load"):
+        engine.reload(bad, 9)
+    assert engine.llm.loads == [bad, good]  # tried, then the weights it served loaded back
+    assert (engine.weights_dir, engine.version) == (good, 7)
+
+
+def test_a_searcher_that_never_loaded_anything_else_restores_the_base(tmp_path: Path) -> None:
+    base, bad = model_dir(tmp_path / "base"), model_dir(tmp_path / "v3")
+    engine = stub_engine(base, 0, {bad}, base)
+    with pytest.raises(ReloadError):
+        engine.reload(bad, 3)
+    assert engine.llm.loads == [bad, base] and (engine.weights_dir, engine.version) == (base, 0)
+
+
+def test_a_checkpoint_gone_from_disk_is_not_sent_to_the_engine(tmp_path: Path) -> None:
+    base, good = model_dir(tmp_path / "base"), model_dir(tmp_path / "v7")
+    engine = stub_engine(good, 7, set(), base)
+    with pytest.raises(ReloadError, match="the directory is gone"):
+        engine.reload(tmp_path / "v8", 8)
+    assert engine.llm.loads == [] and engine.version == 7  # weights untouched: nothing to restore
+    assert engine.reload(model_dir(tmp_path / "v9"), 9) >= 0 and (engine.version, engine.weights_dir.name) == (9, "v9")
+
+
+def test_when_the_last_good_weights_cannot_be_loaded_back_it_refuses_to_go_on(tmp_path: Path) -> None:
+    base, good, bad = (model_dir(tmp_path / n) for n in ("base", "v7", "v9"))
+    engine = stub_engine(good, 7, {bad, good}, base)
+    with pytest.raises(RuntimeError, match="refusing to generate with mixed weights"):
+        engine.reload(bad, 9)
+    assert base not in engine.llm.loads
+
+
+def test_unloadable_names_what_is_missing(tmp_path: Path) -> None:
+    assert unloadable(tmp_path / "nothing") == "the directory is gone"
+    (tmp_path / "empty").mkdir()
+    assert unloadable(tmp_path / "empty") == "it holds no config.json"
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    assert unloadable(tmp_path / "empty") == "it holds no weights"
+    assert unloadable(model_dir(tmp_path / "whole")) is None
+
+
+def record(msg: str, *args: object, level: int = logging.WARNING) -> logging.LogRecord:
+    return logging.LogRecord(CAST_LOGGER, level, "utils.py", 1, msg, args, None)
+
+
+def test_only_the_intended_float32_cast_warning_is_dropped() -> None:
+    import torch
+
+    casts = IntendedCasts(torch.bfloat16)
+    assert not casts.filter(record(CAST_WARNING, "layers.0.mlp.down_proj.weight", torch.float32, torch.bfloat16))
+    assert casts.filter(record(CAST_WARNING, "w", torch.float16, torch.bfloat16))  # not our float32 master weights
+    assert casts.filter(record(CAST_WARNING, "w", torch.float32, torch.float16))  # not the engine's dtype
+    assert casts.filter(record("RotaryEmbedding: Failed to load weights"))  # every other warning passes
+    assert casts.dropped == 1
+
+
+def test_intended_casts_filter_vllms_logger_only_while_reloading() -> None:
+    import torch
+
+    logger = logging.getLogger(CAST_LOGGER)
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, r: logging.LogRecord) -> None:
+            seen.append(r.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        with intended_casts(torch.bfloat16) as casts:
+            logger.warning(CAST_WARNING, "norm.weight", torch.float32, torch.bfloat16)
+            logger.warning("Following weights were not loaded from checkpoint: %s", {"x"})
+        logger.warning(CAST_WARNING, "norm.weight", torch.float32, torch.bfloat16)  # outside a reload: kept
+    finally:
+        logger.removeHandler(handler)
+    assert casts.dropped == 1 and len(seen) == 2 and "not loaded" in seen[0] and "norm.weight" in seen[1]
