@@ -33,7 +33,8 @@ from tba.codec import MSGPACK_MEDIA_TYPE, encode, pack
 from tba.health import free_port
 from tba.keys import STREAM_FIELD
 from tba.local.commands import tba_command
-from tba.redis_client import async_client, server_args
+from tba.redis_client import async_client
+from tba.redis_server import RedisServer
 from tba.schemas import SampleRequest, ScoredGroup, ScoredSample
 from tba.settings import BufferSettings
 
@@ -69,39 +70,6 @@ def make_group(prompt: int, version: int, rng: random.Random) -> ScoredGroup:
         temperature=0.7,
         reference="bench",
     )
-
-
-class Redis:
-    """A redis-server of the benchmark's own, configured as production (README: persistence)."""
-
-    def __init__(self) -> None:
-        self.dir = tempfile.TemporaryDirectory(prefix="tba-bench-redis-")
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                *server_args(self.port, self.dir.name),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.dir.cleanup()
-
-
-async def wait_redis(url: str) -> None:
-    client = async_client(url)
-    for _ in range(200):
-        try:
-            await client.ping()
-            break
-        except Exception:  # noqa: BLE001 (not up yet)
-            await asyncio.sleep(0.05)
-    await client.aclose()
 
 
 async def raw_baselines(url: str, payload: bytes, n: int = 10_000) -> tuple[float, float]:
@@ -283,17 +251,16 @@ async def run(redis_url: str, service_url: str) -> list[Figure]:
 
 
 def main() -> list[Figure]:
-    redis = Redis()
+    """Every figure of the part, against a redis-server of its own configured as production (AOF on)."""
     service = None
-    try:
-        asyncio.run(wait_redis(redis.url))
-        service, url = start_service(redis.url)
-        return asyncio.run(run(redis.url, url))
-    finally:
-        if service is not None:
-            service.terminate()
-            service.wait(30)
-        redis.close()
+    with tempfile.TemporaryDirectory(prefix="tba-bench-redis-") as data_dir, RedisServer(data_dir) as redis:
+        try:
+            service, url = start_service(redis.url)
+            return asyncio.run(run(redis.url, url))
+        finally:
+            if service is not None:
+                service.terminate()
+                service.wait(30)
 
 
 if __name__ == "__main__":

@@ -37,14 +37,12 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from itertools import pairwise
 from pathlib import Path
 
 from benchmarks import Figure
-from tba.health import free_port
 from tba.keys import Keys
 
 PART = "searcher"
@@ -68,30 +66,6 @@ MODEL_SETTINGS = dict(
     chat_template="on",
 )
 MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 4, 5, 1
-
-
-def _start_redis(data_dir: Path) -> tuple[subprocess.Popen, str]:
-    import redis
-
-    from tba.redis_client import server_args, sync_client
-
-    port = free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        ["redis-server", *server_args(port, data_dir, appendonly=False)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = sync_client(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc, url
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("redis-server did not start")
 
 
 def _settings(model: Path, work: Path, redis_url: str, **kw):
@@ -478,10 +452,12 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
     """The tiny model's figures; with ``model``, that pretrained model's (:func:`model_figures`)."""
     from services.searcher.scorer import Scorer
     from tba.model.tiny import TinyModelSpec, init_model
+    from tba.redis_server import RedisServer
     from tba.tasks import make_task
 
     work = Path(tempfile.mkdtemp(prefix="tba-bench-searcher-"))
-    redis_proc, redis_url = _start_redis(work / "redis")
+    redis = RedisServer(work / "redis", appendonly=False).start()
+    redis_url = redis.url
     try:
         if model is not None:
             return model_figures(Path(model), work, redis_url, quick)
@@ -511,8 +487,7 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
             engine.close()
         return figures
     finally:
-        redis_proc.kill()
-        redis_proc.wait()
+        redis.stop(kill=True)  # a throwaway server: nothing to flush
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -51,7 +51,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,38 +86,29 @@ def _wait(cond, timeout: float, what: str) -> None:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def _start_services(work: Path) -> tuple[list[subprocess.Popen], str, str]:
-    """redis-server and `tba buffer` on free ports; returns the processes, the Redis URL, the buffer URL."""
+@contextmanager
+def _services(work: Path) -> Iterator[tuple[str, str]]:
+    """redis-server and `tba buffer` on free ports, both stopped on leaving; yields the Redis URL, the buffer URL."""
     import httpx
 
-    from tba.redis_client import server_args, sync_client
+    from tba.redis_server import RedisServer
 
-    rport, bport = free_port(), free_port()
-    (work / "redis").mkdir(parents=True)
-    procs = [
-        subprocess.Popen(
-            [
-                "redis-server",
-                *server_args(rport, work / "redis", appendonly=False),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    ]
-    redis_url = f"redis://127.0.0.1:{rport}/0"
-    _wait(lambda: sync_client(redis_url).ping(), 10, "redis-server")
-    env = {**os.environ, "TBA_REDIS_URL": redis_url, "TBA_NAMESPACE": NS, "TBA_LOG_LEVEL": "WARNING"}
-    procs.append(
-        subprocess.Popen(
+    with RedisServer(work / "redis", appendonly=False) as redis:
+        bport = free_port()
+        env = {**os.environ, "TBA_REDIS_URL": redis.url, "TBA_NAMESPACE": NS, "TBA_LOG_LEVEL": "WARNING"}
+        buffer = subprocess.Popen(
             tba_command("buffer", "--port", str(bport)),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(work / "buffer.log").open("w"),
         )
-    )
-    buffer_url = f"http://127.0.0.1:{bport}"
-    _wait(lambda: httpx.get(f"{buffer_url}/readyz", timeout=1).status_code == 200, 60, "the buffer")
-    return procs, redis_url, buffer_url
+        try:
+            buffer_url = f"http://127.0.0.1:{bport}"
+            _wait(lambda: httpx.get(f"{buffer_url}/readyz", timeout=1).status_code == 200, 60, "the buffer")
+            yield redis.url, buffer_url
+        finally:
+            buffer.terminate()
+            buffer.wait(30)
 
 
 def _fill_buffer(
@@ -592,31 +584,23 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
     if model is not None:
         return model_figures(Path(model), quick)
     work = Path(tempfile.mkdtemp(prefix="tba-bench-trainer-"))
-    procs: list[subprocess.Popen] = []
     try:
         model_dir = init_model(work / "tiny", seed=0)
         pad_id = load_tokenizer(model_dir).pad_token_id
-        procs, redis_url, buffer_url = _start_services(work)
-        stored = _fill_buffer(model_dir, redis_url, buffer_url)
-        print(f"[bench] trainer: buffer holds {stored} samples of {POOL_PROMPTS} prompts", flush=True)
-        figures = learner_vs_bare(model_dir, _fetch(buffer_url, list(range(BATCHES))), pad_id)
-        figures += service_loop(model_dir, work, redis_url, buffer_url, pad_id)
-        figures += publish_time(
-            work, redis_url, "tiny", init_model(work / "model-tiny", TinyModelSpec(), seed=0), repeats=5
-        )
-        figures += publish_time(
-            work, redis_url, "100M", init_model(work / "model-100M", TinyModelSpec(**SPEC_100M), seed=0), repeats=3
-        )
-        return figures
+        with _services(work) as (redis_url, buffer_url):
+            stored = _fill_buffer(model_dir, redis_url, buffer_url)
+            print(f"[bench] trainer: buffer holds {stored} samples of {POOL_PROMPTS} prompts", flush=True)
+            figures = learner_vs_bare(model_dir, _fetch(buffer_url, list(range(BATCHES))), pad_id)
+            figures += service_loop(model_dir, work, redis_url, buffer_url, pad_id)
+            figures += publish_time(
+                work, redis_url, "tiny", init_model(work / "model-tiny", TinyModelSpec(), seed=0), repeats=5
+            )
+            figures += publish_time(
+                work, redis_url, "100M", init_model(work / "model-100M", TinyModelSpec(**SPEC_100M), seed=0), repeats=3
+            )
+            return figures
     finally:
-        _stop(procs)
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in reversed(procs):
-        p.terminate()
-        p.wait(30)
 
 
 # --- a pretrained model (--model) ----------------------------------------------------------------------------
@@ -670,22 +654,20 @@ def model_figures(model_dir: Path, quick: bool = False) -> list[Figure]:
     label = model_label(model_dir)
     rounds, count = (1, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES)
     work = Path(tempfile.mkdtemp(prefix="tba-bench-trainer-"))
-    procs: list[subprocess.Popen] = []
     try:
-        procs, redis_url, buffer_url = _start_services(work)
-        batches = model_batches(model_dir, redis_url, buffer_url, MODEL_P, count, MODEL_P if quick else MODEL_POOL)
-        figures = learner_vs_bare(model_dir, batches, _pad_id(model_dir), label, rounds)
-        print(
-            f"[bench] trainer: service loop (whole Trainer) skipped for --model {label}: "
-            "too slow at this size on the CPU",
-            flush=True,
-        )
-        figures += publish_time(
-            work, redis_url, label, model_dir, repeats=1 if quick else MODEL_PUBLISHES, report_size=True
-        )
-        return figures
+        with _services(work) as (redis_url, buffer_url):
+            batches = model_batches(model_dir, redis_url, buffer_url, MODEL_P, count, MODEL_P if quick else MODEL_POOL)
+            figures = learner_vs_bare(model_dir, batches, _pad_id(model_dir), label, rounds)
+            print(
+                f"[bench] trainer: service loop (whole Trainer) skipped for --model {label}: "
+                "too slow at this size on the CPU",
+                flush=True,
+            )
+            figures += publish_time(
+                work, redis_url, label, model_dir, repeats=1 if quick else MODEL_PUBLISHES, report_size=True
+            )
+            return figures
     finally:
-        _stop(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -695,12 +677,10 @@ def model_figures(model_dir: Path, quick: bool = False) -> list[Figure]:
 def save_batches(model_dir: Path, path: Path, num_prompts: int, count: int) -> None:
     """Make batches here (the real buffer, the model's own samples) and write them as JSON for :func:`run_saved`."""
     work = Path(tempfile.mkdtemp(prefix="tba-bench-trainer-"))
-    procs: list[subprocess.Popen] = []
     try:
-        procs, redis_url, buffer_url = _start_services(work)
-        batches = model_batches(model_dir, redis_url, buffer_url, num_prompts, count, max(num_prompts, MODEL_POOL))
+        with _services(work) as (redis_url, buffer_url):
+            batches = model_batches(model_dir, redis_url, buffer_url, num_prompts, count, max(num_prompts, MODEL_POOL))
     finally:
-        _stop(procs)
         shutil.rmtree(work, ignore_errors=True)
     path.write_text(json.dumps([b.model_dump(mode="json") for b in batches]))
     print(f"[bench] trainer: wrote {count} batches to {path} ({path.stat().st_size / 2**20:.1f} MB)", flush=True)

@@ -74,14 +74,16 @@ from typing import Any, TypeVar
 import httpx
 import redis
 
-from reliability.procs import alive, cmdline, descendants, guarded_service, running_with
 from reliability.report import finish, table
-from reliability.services import ROOT, RedisProcess
+from reliability.services import ROOT
 from tba.checkpoints import CheckpointError, CheckpointStore, parse_manifest
 from tba.codec import unpack
 from tba.keys import STREAM_FIELD, Keys
 from tba.local.commands import tba_command
+from tba.local.lifetime import guarded_service
+from tba.process_tree import alive, command_line, descendants, running_with
 from tba.redis_client import sync_client
+from tba.redis_server import RedisServer
 
 NAMESPACE = "chaos"
 AUDIT_GROUP = "chaos-audit"
@@ -371,7 +373,7 @@ class System:
         """Processes of the run still alive: those seen during it (the same pid and start time: pids are reused)
         and any whose command line or environment names the run directory."""
         left = [
-            f"{pid} {cmdline(pid)[:80]}"
+            f"{pid} {command_line(pid)[:80]}"
             for pid, started in sorted(self.seen.items())
             if alive(pid) and start_time(pid) == started
         ]
@@ -565,7 +567,7 @@ def read_kept(redis_dir: Path) -> Kept:
     with tempfile.TemporaryDirectory(prefix="chaos-redis-") as tmp:
         copy = Path(tmp) / "redis"
         shutil.copytree(redis_dir, copy)
-        server = RedisProcess(copy).start()
+        server = RedisServer(copy).start()
         try:
             client = sync_client(server.url)
             keys = Keys(NAMESPACE)

@@ -46,10 +46,11 @@ import msgpack
 
 from reliability.payloads import REFERENCE, TEMPERATURE, group_dict
 from reliability.report import finish, table
-from reliability.services import BufferProcess, RedisProcess
+from reliability.services import BufferProcess
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
 from tba.redis_client import sync_client
+from tba.redis_server import RedisServer
 
 # The buffer's size limit during the run: small enough that the oversized poison entries (and any
 # body schemathesis generates past it) stay cheap to hold in Redis, well above any valid message here.
@@ -645,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path("runs") / time.strftime("fuzz-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
-    redis_proc = RedisProcess(Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))).start()
+    redis_proc = RedisServer(Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))).start()
     try:
         result = fuzz(redis_proc.url, workdir, args.max_examples, args.min_cases, args.poison_repeats, args.seed)
     finally:

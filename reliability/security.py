@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,10 +46,12 @@ import yaml
 
 from reliability.payloads import group_dict
 from reliability.report import finish, table
-from reliability.services import ROOT, BufferProcess, RedisProcess
+from reliability.services import ROOT, BufferProcess
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
+from tba.leaks import files_under, leaks
 from tba.redis_client import sync_client
+from tba.redis_server import RedisServer
 
 WRITE_ROUTES = ("/v1/sample", "/v1/groups")
 TIMED_REQUESTS = 500
@@ -173,7 +174,7 @@ def time_wrong_tokens(buffer: BufferProcess, requests: int) -> dict[str, float]:
 
 
 def check_redis_password(
-    server: RedisProcess,
+    server: RedisServer,
     work: Path,
     token: str,
     result: SecurityResult,
@@ -283,27 +284,6 @@ def _dump(client: redis.Redis, key: bytes) -> object:
 
 
 # --- 3. secrets ---
-
-
-def leaks(secrets_: dict[str, str], texts: Iterable[str], files: Iterable[Path]) -> list[str]:
-    """Where any secret occurs: '<name> in <file or answer>'."""
-    found = []
-    for i, text in enumerate(texts):
-        for name, value in secrets_.items():
-            if value in text:
-                found.append(f"{name} in answer {i}: {text[:80]!r}")
-    for path in files:
-        data = path.read_bytes() if path.is_file() else b""
-        for name, value in secrets_.items():
-            if value.encode() in data:
-                found.append(f"{name} in {path}")
-    return found
-
-
-def files_under(root: Path) -> list[Path]:
-    """Every file below ``root``: for a run directory, the services' logs, the checkpoints with the trainer's
-    state, the summary, timeline, report, TensorBoard and W&B files, Redis's own files."""
-    return sorted(path for path in root.rglob("*") if path.is_file())
 
 
 def check_local_run(work: Path, token: str, password: str, result: SecurityResult, max_steps: int = 6) -> None:
@@ -422,7 +402,7 @@ def security(work: Path, timed_requests: int = TIMED_REQUESTS, local_run: bool =
     result = SecurityResult()
     answers: list[str] = []
     logs: list[Path] = []
-    server = RedisProcess(work / "redis", password=password).start()
+    server = RedisServer(work / "redis", password=password).start()
     try:
         check_redis_password(server, work, token, result, answers, logs, timed_requests)
     finally:

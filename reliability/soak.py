@@ -49,10 +49,12 @@ import redis
 
 from reliability.payloads import REFERENCE, TEMPERATURE, group_dict
 from reliability.report import finish, table
-from reliability.services import BufferProcess, RedisProcess, cpu_seconds, rss_bytes
+from reliability.services import BufferProcess
 from tba.codec import MSGPACK_MEDIA_TYPE
 from tba.keys import STREAM_FIELD, Keys
+from tba.process_tree import cpu_seconds, rss_bytes
 from tba.redis_client import sync_client
+from tba.redis_server import RedisServer
 from tba.settings import BufferSettings
 
 GROWTH_LIMIT = 0.10  # RSS and Redis memory: at most 10% more at the end than at the end of the warm-up
@@ -699,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
     redis_dir = Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))
-    redis_proc = RedisProcess(redis_dir).start()
+    redis_proc = RedisServer(redis_dir).start()
     try:
         result = soak(cfg, redis_proc.url, workdir, progress=True)
     finally:

@@ -13,6 +13,9 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+# Looked up once, here: in a forked child (``preexec_fn``) loading a library could wait forever on a lock
+# another thread of the parent held at the fork.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -21,11 +24,11 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     The signal fires when the thread that forked this process exits, so the parent should start it
     from a thread that lives as long as the parent (its main thread). A parent that died before this
     call is caught by comparing parent pids: the process exits at once. Linux only; elsewhere nothing
-    changes. Safe in ``preexec_fn`` of a single-threaded parent."""
-    if not sys.platform.startswith("linux"):
+    changes. Meant for ``preexec_fn``."""
+    if _PRCTL is None:
         return
     parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    _PRCTL(PR_SET_PDEATHSIG, int(sig))
     if os.getppid() != parent:  # the parent died before the line above
         os._exit(1)
 

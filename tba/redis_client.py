@@ -4,12 +4,10 @@
 :func:`async_client` serves the buffer (asyncio). Every key the searchers and the trainer touch (the
 trajectory stream, the checkpoint manifest) is a single key, so a cluster client routes each
 command to its node with no other change; the buffer's scripts keep each call within one hash slot.
-:func:`server_args` states how the project runs its own redis-server (``tba up``, the tests, the benchmarks).
+How the project runs its own redis-server is tba/redis_server.py.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
@@ -21,29 +19,6 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
-
-
-def server_args(port: int, data_dir: str | Path, appendonly: bool = True) -> list[str]:
-    """redis-server's arguments as the project runs it: on loopback, its files in ``data_dir``, the
-    append-only file fsynced every second (a kill -9 loses at most a second of writes; ``appendonly=False``
-    for throwaway servers), no RDB snapshots, and writes refused rather than keys evicted when memory is
-    full (the buffer enforces its own capacity; silently evicted keys would corrupt its indexes)."""
-    return [
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        str(data_dir),
-        "--save",
-        "",
-        "--appendonly",
-        "yes" if appendonly else "no",
-        "--appendfsync",
-        "everysec",
-        "--maxmemory-policy",
-        "noeviction",
-    ]
 
 
 def sync_client(

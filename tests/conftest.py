@@ -1,15 +1,14 @@
 """Fixtures shared by every tier: a real redis-server on a free port, tiny models on disk.
 
-Nothing here is faked: the Redis fixture starts the real server binary (and
-fails loudly with what to install when it is missing), and the model fixtures
-write real Hugging Face directories.
+Nothing here is faked: the Redis fixtures start the real server binary (tba/redis_server.py, which
+fails loudly with what to install when it is missing), and the model fixtures write real Hugging Face
+directories.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.health import free_port
-from tba.redis_client import server_args
+from tba.redis_server import RedisServer
 from tests import prewarm
 
 PREWARM_LINES = pytest.StashKey[list[str]]()
@@ -43,75 +41,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"prewarm: {line}")
 
 
-class RedisServer:
-    """A redis-server process of the test's own: own port, own data dir; can be killed and restarted."""
-
-    def __init__(self, data_dir: Path, appendonly: bool = True, extra: list[str] | None = None) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed: `apt-get install -y redis-server` (make test does it)")
-        self.binary = binary
-        self.data_dir = data_dir
-        self.appendonly = appendonly
-        self.extra = extra or []
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            self.binary,
-            *server_args(self.port, self.data_dir, appendonly=self.appendonly),
-            "--daemonize",
-            "no",
-            "--logfile",
-            str(self.data_dir / "redis.log"),
-            *self.extra,
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}; see {self.data_dir / 'redis.log'}")
-
-    def stop(self, kill: bool = False) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill() if kill else self.proc.terminate()
-            self.proc.wait(10)
-        self.proc = None
-
-    def client(self):
-        from tba.redis_client import sync_client
-
-        return sync_client(self.url)
-
-
 class RedisClusterServers:
     """A real Redis Cluster of ``n`` primaries (no replicas), each a redis-server of the test's own."""
 
     def __init__(self, data_dir: Path, n: int = 3) -> None:
-        self.nodes = [RedisServer(data_dir / f"node{i}", appendonly=False) for i in range(n)]
-        for node in self.nodes:  # cluster bus on a free port of its own (not port + 10000)
-            node.extra = [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                str(node.data_dir / "nodes.conf"),
-                "--cluster-port",
-                str(free_port()),
-                "--cluster-node-timeout",
-                "2000",
-            ]
+        self.nodes = [RedisServer(data_dir / f"node{i}", appendonly=False, cluster=True) for i in range(n)]
 
     @property
     def url(self) -> str:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from tba.process_tree import children, command_line, stat_fields
 from tba.procs import die_with_parent, parse_cpu_list
 
 POLL_SECONDS = 0.1
@@ -46,17 +47,9 @@ POLL_SECONDS = 0.1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name (state first), or None if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-
-
 def alive_in(pgid: int, pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) member of group ``pgid``."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields is not None and fields[0] != "Z" and int(fields[2]) == pgid
 
 
@@ -65,14 +58,6 @@ def group_members(pgid: int) -> list[int]:
     if not Path("/proc").is_dir():
         return []
     return sorted(int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and alive_in(pgid, int(e.name)))
-
-
-def command_line(pid: int) -> str:
-    """``pid``'s command line as one string ("" once it is gone)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
 
 
 def describe(pids: Iterable[int]) -> list[str]:
@@ -140,6 +125,16 @@ def guard_command(argv: list[str], name: str, grace: float, cpus: list[int] | No
         "--",
         *argv,
     ]
+
+
+def guarded_service(parent: int, name: str) -> int | None:
+    """Pid of the service ``name`` that a guard of ``parent`` (:func:`guard_command`) runs: the guard's only
+    child; None while it is not running (a supervisor between restarts)."""
+    for guard in children(parent):
+        if f"--name {name} " in command_line(guard):
+            services = children(guard)
+            return next(iter(services)) if services else None
+    return None
 
 
 def _say(name: str, message: str) -> None:

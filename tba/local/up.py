@@ -492,21 +492,18 @@ class LocalRun:
         return env
 
     def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:
+        from tba import redis_server
         from tba.local.commands import tba_command
         from tba.local.supervisor import Child
-        from tba.redis_client import server_args
 
         redis_port, buffer_port = free_port(), free_port()
-        redis_url = self.redis_url = f"redis://:{self.redis_password}@127.0.0.1:{redis_port}/0"
+        redis_url = self.redis_url = redis_server.server_url(redis_port, self.redis_password)
         (self.run_dir / "redis").mkdir(exist_ok=True)
         self.sup.add(
             Child(
                 "redis",
-                [
-                    shutil.which("redis-server") or "redis-server",
-                    str(self._redis_auth_file()),  # its password from a private file: not in argv, not in the run
-                    *server_args(redis_port, self.run_dir / "redis"),
-                ],
+                # its password from a private file: not in argv, not in the run
+                redis_server.server_command(redis_port, self.run_dir / "redis", config=self._redis_auth_file()),
                 dict(os.environ),
                 self.logs / "redis.log",
             )
@@ -588,10 +585,12 @@ class LocalRun:
     def _redis_auth_file(self) -> Path:
         """A Redis config file holding only the password, in a directory of its own that only this user can read
         (outside the run directory, removed when the run ends): redis-server reads it at each (re)start."""
+        from tba.redis_server import password_config
+
         self._secret_dir = Path(tempfile.mkdtemp(prefix="tba-up-"))
         path = self._secret_dir / "redis-auth.conf"
         path.touch(mode=0o600)
-        path.write_text(f"requirepass {self.redis_password}\n")
+        path.write_text(password_config(self.redis_password))
         return path
 
     def _tracking_env(self) -> dict[str, str]:

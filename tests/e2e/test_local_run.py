@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tba.leaks import files_under, leaks
 
-from reliability.procs import running_with
-from reliability.security import files_under, leaks
 from tba.local.commands import tba_command
+from tba.process_tree import running_with
 from tests.prometheus import Prometheus, dashboard_expressions, metric_names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]

@@ -17,10 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reliability.procs import alive, cmdline, descendants, guarded_service, running_with, wait_while_running
 from tba.local.commands import tba_command
+from tba.local.lifetime import guarded_service
 from tba.local.supervisor import GRACE_SECONDS
 from tba.local.up import SUMMARY_EVERY_SECONDS, split_cpus
+from tba.process_tree import alive, command_line, descendants, running_with
+from tests.waiting import wait_while_running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 
@@ -100,7 +102,7 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         if group.exists():  # sessions scheduled as groups: the backfill's group is as nice as the backfill
             assert group.read_text().split()[-2:] == ["nice", "19"]
         helpers = descendants(searcher)
-        names = {pid: cmdline(pid) for pid in helpers}
+        names = {pid: command_line(pid) for pid in helpers}
         trackers = {pid for pid, name in names.items() if "resource_tracker" in name}
         assert len(helpers) >= 3 and trackers and any("EngineCore" in n for n in names.values()), names
         shm = shared_memory(helpers | {searcher})
@@ -145,7 +147,7 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         assert summary["endpoints"]["redis"].startswith("redis://")
         # redis-server rewrites its command line and environment (its process title): it is found as a descendant.
         run = descendants(up.pid)
-        names = [cmdline(p) for p in run]
+        names = [command_line(p) for p in run]
         assert len(run) >= 10 and alive(restarted), "\n".join(names)  # 5 guards, redis, buffer, trainer, 2 searchers
         assert any("redis-server" in name for name in names), names
         shm = shared_memory(run)
@@ -155,7 +157,7 @@ def test_sigkill_of_a_searcher_then_of_tba_up_leaves_nothing(tmp_path: Path, sft
         deadline = killed + GRACE_SECONDS + 5
         while (any(alive(p) for p in run) or running_with(str(run_dir))) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = [cmdline(p) for p in run if alive(p)] + running_with(str(run_dir))
+        left = [command_line(p) for p in run if alive(p)] + running_with(str(run_dir))
         assert left == [], f"{time.monotonic() - killed:.0f} s after kill -9 of tba up: {left}"
         assert [seg for seg in shm if seg.exists()] == []
         # The summary on disk is whole (written by rename), and says the run did not finish.

@@ -75,7 +75,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, smollm2: Path) -> dict:
 def served(run: dict, tmp_path_factory: pytest.TempPathFactory):
     """The run's Redis (from its append-only file) and a buffer on it, as a trainer would reach them."""
     from services.trainer.client import BufferClient
-    from tests.conftest import RedisServer
+    from tba.redis_server import RedisServer
 
     redis_dir = run["dir"] / "redis"
     server = RedisServer(redis_dir)
@@ -169,12 +169,12 @@ def test_no_error_lines_and_nothing_left_running(run: dict) -> None:
     for log in (run["dir"] / "logs").glob("*.log"):
         bad = [line for line in log.read_text(errors="replace").splitlines() if pattern.search(line)]
         assert not bad, f"{log.name}: {bad[:5]}"
-    from reliability.procs import cmdline
+    from tba.process_tree import command_line
 
     needle = str(run["dir"])
     alive = [
-        cmdline(int(p.name))
+        command_line(int(p.name))
         for p in Path("/proc").iterdir()
-        if p.name.isdigit() and needle in cmdline(int(p.name)) and "redis" not in cmdline(int(p.name))
+        if p.name.isdigit() and needle in command_line(int(p.name)) and "redis" not in command_line(int(p.name))
     ]
     assert not alive, f"still running: {alive}"

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from tba.codec import encode
+from tba.health import free_port
 from tba.keys import STREAM_FIELD, Keys
 from tba.local.commands import tba_command
-from tests.conftest import free_port
 from tests.unit.buffer_factories import check_consistency, make_group
 
 K = Keys()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import free_port
+from tba.health import free_port
 
 pytestmark = pytest.mark.slow
 

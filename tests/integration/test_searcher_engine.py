@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from reliability.procs import cmdline, cpu_seconds, descendants
 from services.searcher.cpus import engine_core_pids, spare_cpus
 from services.searcher.engine import Engine
 from services.searcher.loop import Searcher
@@ -30,6 +29,7 @@ from tba.local.lifetime import alive_in
 from tba.model.logprobs import sequence_logprobs
 from tba.model.tiny import init_model
 from tba.model.tokenizer import encode_prompt, load_tokenizer
+from tba.process_tree import command_line, cpu_seconds, descendants
 from tba.schemas import ScoredGroup, scored_flags
 from tba.settings import SearcherSettings
 from tba.tasks import MultiTurnTask, Prompt, Step, make_task
@@ -144,7 +144,7 @@ def test_idle_engine_workers_sleep_instead_of_spinning(parts) -> None:
     assert set(engine_core_pids(engine.llm)) <= procs
     before = {pid: cpu_seconds(pid) for pid in procs}
     time.sleep(0.8)
-    used = {cmdline(pid)[:60]: round(cpu_seconds(pid) - before[pid], 2) for pid in procs}
+    used = {command_line(pid)[:60]: round(cpu_seconds(pid) - before[pid], 2) for pid in procs}
     assert sum(used.values()) < 0.3, used
 
 

@@ -14,14 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reliability.procs import alive, cmdline, descendants, wait_while_running
 from tba.checkpoints import CheckpointStore, announce
 from tba.codec import decode
+from tba.health import free_port
 from tba.keys import STREAM_FIELD, Keys
 from tba.local.commands import tba_command
 from tba.model.tiny import init_model
+from tba.process_tree import alive, command_line, descendants
 from tba.schemas import ScoredGroup
-from tests.conftest import free_port
+from tests.waiting import wait_while_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -112,7 +113,7 @@ def test_process_lifecycle(redis_server, tiny_model: Path, tmp_path: Path) -> No
         deadline = time.monotonic() + 15
         while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = {pid: cmdline(pid) for pid in children if alive(pid)}
+        left = {pid: command_line(pid) for pid in children if alive(pid)}
         assert not left, f"processes left behind: {left}"
     finally:
         if proc.poll() is None:

@@ -21,17 +21,17 @@ import httpx
 import pytest
 import torch
 
-from reliability.procs import descendants
 from services.trainer.checkpointing import load_state, optimizer_path
 from services.trainer.loop import Trainer
 from tba.checkpoints import TMP_PREFIX, CheckpointStore, model_identity, parse_manifest
 from tba.codec import encode
+from tba.health import free_port
 from tba.keys import STREAM_FIELD, Keys
 from tba.local.commands import tba_command
 from tba.model.adapters import is_adapter
+from tba.process_tree import descendants
 from tba.schemas import ScoredGroup, ScoredSample
 from tba.settings import SettingsError, TrainerSettings
-from tests.conftest import free_port
 
 T = 0.7
 NS = "trn"

@@ -16,7 +16,8 @@ import pytest
 from experiments.arms import Arm, busy_fractions, ratio_spread, spread, time_to
 from experiments.decoupling import EVAL_EVERY, coarse, training_time_to
 from experiments.redteam import found
-from reliability.procs import alive
+from tba.process_tree import alive
+from tests.waiting import gone_within
 
 
 def test_spread_says_how_many_seeds_it_covers_and_never_averages_the_missing() -> None:
@@ -207,10 +208,7 @@ def test_a_run_ends_with_the_experiment_that_started_it_even_when_that_one_is_ki
         child = int(pid_file.read_text())
         experiment.kill()
         experiment.wait(10)
-        deadline = time.monotonic() + 10
-        while alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(child), "the run outlived the experiment that started it"
+        assert gone_within(child, 10), "the run outlived the experiment that started it"
     finally:
         experiment.kill()
         if pid_file.exists() and pid_file.read_text() and alive(child := int(pid_file.read_text())):

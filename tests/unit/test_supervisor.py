@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from reliability.procs import alive
 from tba.local.commands import tba_command
 from tba.local.supervisor import Child, Supervisor
+from tba.process_tree import alive
 
 # A service that starts a helper in its own process group, as a searcher starts vLLM's engine core. The helper
 # ignores SIGTERM: only SIGKILL removes it. Every start appends the service's and the helper's pids to files in
@@ -25,7 +25,7 @@ SERVICE = """
 import os, signal, subprocess, sys, time
 from pathlib import Path
 
-from reliability.procs import alive
+from tba.process_tree import alive
 
 d, kind = Path(sys.argv[1]), sys.argv[2]
 d.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def _pids(path: Path) -> list[int]:
 def _service(tmp_path: Path, name: str, kind: str) -> Child:
     script = tmp_path / "service.py"
     script.write_text(SERVICE)
-    # the service imports reliability.procs
+    # the service imports tba.process_tree
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return Child(
         name, [sys.executable, str(script), str(tmp_path / name), kind], env, tmp_path / f"{name}.log", grace=1.0
