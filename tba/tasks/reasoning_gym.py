@@ -13,6 +13,11 @@ question is a user message asking for the answer in ``<answer>`` tags, read by r
 ``Answer:``, and the completion is the answer. A prompt counts as solved at a score of 1 (some generators
 give partial credit).
 
+``reader``: ``tags`` (the above) or ``lenient``, for a small instruction-tuned model that answers in a
+sentence ("The sum is 7.") more often than in the tags it was asked for: the tags' content where there
+are tags, else the last number of the completion where the generator's answers are numbers
+(:func:`tba.tasks.answers.last_number`, the GSM8K rule), else its last non-empty line.
+
 The scorer needs the entry a question came from; the task keeps the entries it handed out (the newest
 :data:`REMEMBERED`), so the searcher that drew a prompt, and an evaluation that drew the held-out set, can
 score it.
@@ -25,8 +30,10 @@ import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
+from tba.tasks.answers import last_number
 from tba.tasks.base import Prompt, Task, check_fraction, is_held_out, register
 
 INSTALL = "pip install reasoning-gym==0.1.25 (or pip install -e '.[envs]')"
@@ -34,6 +41,7 @@ REMEMBERED = 200_000  # entries kept for scoring: far more than the prompts in f
 CHUNK = 1_000  # entries generated per seed of the stream
 EVAL_SEED = 1_000_003  # the held-out set's seed: no training chunk uses it
 CHAT_INSTRUCTION = "Give only the final answer, inside <answer></answer> tags."
+READERS = ("tags", "lenient")
 
 
 def _library() -> Any:
@@ -47,8 +55,15 @@ def _library() -> Any:
 @register("reasoning-gym")
 class ReasoningGym(Task):
     def __init__(
-        self, dataset: str = "chain_sum", config: dict[str, Any] | None = None, held_out_fraction: float = 0.1
+        self,
+        dataset: str = "chain_sum",
+        config: dict[str, Any] | None = None,
+        held_out_fraction: float = 0.1,
+        reader: str = "tags",
     ) -> None:
+        if reader not in READERS:
+            raise ValueError(f"reasoning-gym reader must be one of {', '.join(READERS)}, got {reader!r}")
+        self.reader = reader
         rg = _library()
         if dataset not in rg.factory.DATASETS:
             raise ValueError(
@@ -105,18 +120,34 @@ class ReasoningGym(Task):
         if found is None:
             raise KeyError(f"reasoning-gym prompt {prompt.prompt_id!r} was not drawn by this task object")
         data, entry = found
-        if self.chat:
-            from reasoning_gym.utils import extract_answer
-
-            answer = extract_answer(completion, tag_name="answer")
-        else:
-            answer = completion.strip()
+        answer = self.read_answer(completion, str(entry["answer"]))
         if not answer:
             return 0.0
         return float(data.score_answer(answer=answer, entry=entry))
+
+    def read_answer(self, completion: str, expected: str) -> str | None:
+        """The answer a completion gives, by the task's ``reader`` (``expected``: the entry's own answer, which
+        says whether answers are numbers)."""
+        from reasoning_gym.utils import extract_answer
+
+        tagged = extract_answer(completion, tag_name="answer") if self.chat or self.reader == "lenient" else None
+        if self.reader == "tags":
+            return tagged if self.chat else completion.strip()
+        if tagged:
+            return tagged.strip()
+        if last_number(expected) is not None:
+            number = last_number(completion)
+            return None if number is None else _plain(number)
+        lines = [line.strip() for line in completion.splitlines() if line.strip()]
+        return lines[-1] if lines else None
 
     def success(self, reward: float) -> bool:
         return reward >= 1.0
 
     def sft_target(self, prompt: Prompt) -> str:
         return f"<answer>{prompt.answer}</answer>" if self.chat else prompt.answer
+
+
+def _plain(number: Decimal) -> str:
+    """A number as the generators write their answers: ``7``, not ``7.0`` or ``7E+1``."""
+    return format(number.normalize(), "f") if number != number.to_integral() else str(int(number))

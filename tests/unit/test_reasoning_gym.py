@@ -36,6 +36,27 @@ def test_chat_form_asks_for_answer_tags_and_reads_them() -> None:
     assert task.sft_target(p) == f"<answer>{p.answer}</answer>"
 
 
+def test_the_lenient_reader_takes_tags_else_the_last_number_else_the_last_line() -> None:
+    task = make_task("reasoning-gym", CHAIN | {"reader": "lenient"}, chat=True)
+    p = task.eval_prompts(3)[0]
+    right, wrong = p.answer, str(int(p.answer) + 1)
+    assert task.reward(p, f"<answer>{right}</answer>") == 1.0  # tags first
+    assert task.reward(p, f"The sum is {wrong}, so <answer>{right}</answer>") == 1.0
+    assert task.reward(p, f"<answer>{wrong}</answer> is not {right}") == 0.0  # tags win over a later number
+    assert task.reward(p, f"The sum of the terms is {right}.") == 1.0  # a sentence: its last number
+    assert task.reward(p, f"{right}.0") == 1.0
+    assert task.reward(p, f"{right}, or maybe {wrong}") == 0.0
+    assert task.reward(p, "I cannot tell.") == 0.0 and task.reward(p, "") == 0.0  # no answer at all
+    assert task.reward(p, "<answer></answer>") == 0.0
+    assert task.reward(p, "blah " * 5000 + right) == 1.0  # a very long completion is read to its end
+    words = make_task("reasoning-gym", {"dataset": "spell_backward", "reader": "lenient"}, chat=True)
+    w = words.eval_prompts(2)[0]
+    assert words.reward(w, f"Sure! Here it is:\n{w.answer}\n") == 1.0  # not a number: the last line
+    assert words.reward(w, f"{w.answer}\nHope this helps!") == 0.0
+    with pytest.raises(ValueError, match="reader must be one of tags, lenient"):
+        make_task("reasoning-gym", CHAIN | {"reader": "loose"})
+
+
 def test_bad_names_and_options_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="no dataset 'chain_summ'"):
         make_task("reasoning-gym", {"dataset": "chain_summ"})
