@@ -7,7 +7,8 @@ one run after the other on the same machine. A finished run of the same budget i
 
 Statistics are over seeds and say how many seeds they cover: ``mean ± sd (min-max, n)``; a time
 to a target that some seeds never reached is reported as "reached by k of n" with the times of
-those that did, never averaged as if the others had.
+those that did, never averaged as if the others had. Each experiment writes its figures as a record
+(experiments/records.py) and the results pages are rendered from the records (experiments/report/).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import time
 from collections.abc import Sequence
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from experiments.records import RESULTS, ratio, summarize, write
 from tba.local.commands import tba_command
 from tba.procs import die_with_parent
 
@@ -94,7 +95,9 @@ def parse_args(
             "--minutes", type=float, default=minutes, help=f"Wall-clock budget of each run (default {minutes:g})."
         )
     parser.add_argument("--out", type=Path, default=Path("runs/experiments") / name, help="Run directories.")
-    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="Where the table and plot go.")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="The results folder: the record goes to its data/ folder."
+    )
     for flag, text in (flags or {}).items():
         parser.add_argument(f"--{flag}", action="store_true", help=text)
     for option, keywords in (options or {}).items():
@@ -184,62 +187,39 @@ def time_to(evaluations: Sequence[dict], target: float) -> float | None:
 
 def spread(values: Sequence[float | None], fmt: str = "{:.1f}", unit: str = "") -> str:
     """``mean ± sd (min-max, n)`` of the values that exist; says how many of all there are when some are None."""
-    have = [v for v in values if v is not None]
-    if not have:
-        return f"not reached (0 of {len(values)})"
+    s = summarize(values)
+    if not s["n"]:
+        return f"not reached (0 of {s['of']})"
 
-    def show(v: float) -> str:
+    def show(v: float | int | None) -> str:
         return fmt.format(v) + unit
 
-    if len(have) == 1:
-        text = show(have[0])
-    else:
-        text = f"{show(statistics.mean(have))} ± {show(statistics.stdev(have))} ({show(min(have))}-{show(max(have))})"
-    return text + (f", reached by {len(have)} of {len(values)}" if len(have) < len(values) else f", n={len(have)}")
+    text = show(s["mean"])
+    if s["n"] > 1:
+        text += f" ± {show(s['sd'])} ({show(s['min'])}-{show(s['max'])})"
+    return text + (f", reached by {s['n']} of {s['of']}" if s["n"] < s["of"] else f", n={s['n']}")
 
 
 def ratio_spread(num: Sequence[float | None], den: Sequence[float | None]) -> str:
     """Ratio of means with the range of per-seed ratios (seed i of one arm against seed i of the other)."""
-    pairs = [(a, b) for a, b in zip(num, den, strict=True) if a is not None and b is not None and b > 0]
-    if not pairs:
+    r = ratio(num, den)
+    if r is None:
         return "n/a (not reached by both)"
-    ratios = [a / b for a, b in pairs]
-    mean = statistics.mean(a for a, _ in pairs) / statistics.mean(b for _, b in pairs)
-    return f"{mean:.2f} (per seed {min(ratios):.2f}-{max(ratios):.2f}, {len(pairs)} pairs)"
+    return f"{r['mean']:.2f} (per seed {r['min']:.2f}-{r['max']:.2f}, {r['n']} pairs)"
 
 
-def plot_accuracy(
-    runs: dict[str, list[dict]], path: Path, title: str, key: str = "accuracy", ylabel: str = "held-out greedy accuracy"
-) -> None:
-    """Each arm's evaluations against wall-clock time: every seed faint, the mean over seeds on top."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for i, (name, summaries) in enumerate(runs.items()):
-        color = f"C{i}"
-        grid = np.linspace(0, max(e["t"] for s in summaries for e in s["evaluations"]), 60)
-        curves = []
-        for s in summaries:
-            t = [e["t"] for e in s["evaluations"]]
-            y = [e[key] for e in s["evaluations"]]
-            ax.plot(t, y, color=color, alpha=0.25, linewidth=1)
-            curves.append(np.interp(grid, t, y))
-        ax.plot(grid, np.mean(curves, axis=0), color=color, linewidth=2.2, label=f"{name} (mean of {len(curves)})")
-    ax.set_xlabel("wall-clock seconds")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
+def curve(summary: dict) -> list[list[float]]:
+    """A run's held-out evaluations as [seconds from launch, accuracy]: what a plot of the run is drawn from."""
+    return [[round(e["t"], 1), e["accuracy"]] for e in summary["evaluations"]]
 
 
-def write_markdown(path: Path, lines: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+def write_record(results: Path, experiment: str, name: str, record: dict) -> Path:
+    """Write the experiment's record under ``results``/data and rebuild every results page from the data."""
+    from experiments import report
+
+    path = write(experiment, name, record, results / "data")
+    print(f"wrote {path}", flush=True)
+    if results.resolve() == RESULTS.resolve():
+        for changed in report.write():
+            print(f"wrote {changed}", flush=True)
+    return path

@@ -23,11 +23,12 @@ schedule, which decays over the last half of each run, decides the result.
 trajectory is a tool call, the tool's answer and the final answer, so the searcher makes two generate calls
 and an environment step per trajectory where arithmetic makes one short call, and generation is most of the
 synchronous cycle instead of a third: the paper's regime, where generation dominates. Its targets start
-lower (its SFT base is at 27 %, arithmetic's at 34.5 %). Reported per budget and
-arm, with spread over seeds: time to 50/60/70/80 % held-out greedy accuracy, accuracy at the end,
-trainer steps, the update-to-data ratio (samples trained on per sample generated), the staleness of
-the samples trained on, each core's busy fraction and the synchronous cycle's parts; per seed the
-async/sync ratio of the times.
+lower (its SFT base is at 27 %, arithmetic's at 34.5 %). Recorded per budget (one record under
+docs/results/data/decoupling/, rendered into docs/results/decoupling.md by ``python -m experiments.report``):
+per run, the times and samples to 50/60/70/80 % held-out greedy accuracy, accuracy at the start, lowest and end,
+trainer steps, the update-to-data ratio (samples trained on per sample generated), the staleness of the
+samples trained on, each core's busy fraction, the synchronous cycle's parts and the held-out curve; per arm
+the spreads over seeds; per pair of arms the async / sync ratios of the times and samples.
 
 ``--more-search`` adds both arms with a second searcher on the trainer's core, the lever of the paper's
 regime (more search for the same trainer): ``async-tb-backfill`` (``tba up --backfill 1``: a searcher at the
@@ -55,17 +56,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.arms import (
-    Arm,
-    first_at,
-    parse_args,
-    plot_accuracy,
-    ratio_spread,
-    run_interleaved,
-    spread,
-    time_to,
-    write_markdown,
-)
+from experiments.arms import Arm, curve, first_at, parse_args, ratio_spread, run_interleaved, time_to, write_record
+from experiments.records import provenance, ratio, record_name, resolved_settings, slug, summarize
 from tba.local.report import read_jsonl, staleness_counts
 
 # Accuracy targets per task: the held-out greedy accuracies whose times to reach are compared.
@@ -232,122 +224,118 @@ def work_per_batch(run_dir: Path) -> dict[str, float] | None:
     }
 
 
-def report(runs: dict[str, list[dict]], targets: tuple[float, ...], minutes: float, out: Path, plot: Path) -> list[str]:
-    """The table of one budget, in lines of markdown; the plot written to ``plot``."""
-    seeds = len(next(iter(runs.values())))
-    rows = {
-        name: [trainer_rows(out / name / f"seed-{s['seed']}") for s in summaries] for name, summaries in runs.items()
+def run_figures(summary: dict, run_dir: Path, targets: tuple[float, ...]) -> dict:
+    """One run's figures for the record: accuracy, times and samples to each target, the trainer's step, the
+    searcher's work, staleness, the CPUs' busy fractions and the held-out curve."""
+    rows = trainer_rows(run_dir)
+    ev = summary["evaluations"]
+    parts, work = cycle_parts(rows), work_per_batch(run_dir)
+    run: dict = {
+        "seed": summary["seed"],
+        "trainer_steps": summary.get("trainer_steps"),
+        "accuracy": {"start": ev[0]["accuracy"], "lowest": min(e["accuracy"] for e in ev), "end": ev[-1]["accuracy"]},
+        "time_to": {str(t): training_time_to(summary, rows, t) for t in targets},
+        "coarse_time_to": {str(t): training_time_to(summary, rows, t, COARSE) for t in targets},
+        "samples_to": {str(t): samples_to(summary, rows, t) for t in targets},
+        "update_to_data": update_to_data(summary),
+        "step": parts and {k: parts[k] for k in ("cycle", "compute", "wait")},
+        "searcher": work and {k: work[k] for k in ("generate", "score")},
+        "staleness": staleness_histogram(rows),
+        "off_policy_distance": off_policy_distance(rows),
+        "cpu_busy": summary.get("cpu_busy"),
+        "peak_lr": max((r["lr"] for r in rows), default=None),
+        "first_step_s": rows[0]["ts"] - summary["started_at"] if rows else None,
+        "evaluations": curve(summary),
     }
-    works = {
-        name: [work_per_batch(out / name / f"seed-{s['seed']}") for s in summaries] for name, summaries in runs.items()
+    if summary.get("mode") == "sync" and parts and work:
+        run["sync_cycle"] = {
+            "cycle": parts["cycle"],
+            "generate": work["generate"],
+            "score": work["score"],
+            "reload": work["reload"],
+            "train": parts["compute"],
+            "reference": parts["reference"],
+            "checkpoint": work["publish"],
+            "overhead": parts["cycle"] - parts["compute"] - sum(work.values()),
+        }
+    return run
+
+
+def deviations(arm: Arm) -> dict[str, str]:
+    """What an arm changes in the system's defaults: its own settings, beyond those that make the synchronous arm
+    exactly on-policy, and a second searcher."""
+    base = SYNC_ENV if arm.mode == "sync" else {}
+    out = {k: v for k, v in arm.env.items() if base.get(k) != v}
+    if arm.backfill:
+        out["tba up --backfill"] = str(arm.backfill)
+    return dict(sorted(out.items()))
+
+
+def arm_summary(figures: list[dict], targets: tuple[float, ...]) -> dict:
+    """The spreads over seeds the page tables show."""
+    cpus = len(figures[0]["cpu_busy"] or [])
+    return {
+        "time_to": {str(t): summarize([f["time_to"][str(t)] for f in figures]) for t in targets},
+        "accuracy_end": summarize([f["accuracy"]["end"] for f in figures]),
+        "trainer_steps": summarize([f["trainer_steps"] for f in figures]),
+        "update_to_data": summarize([f["update_to_data"] for f in figures]),
+        "cpu_busy": [summarize([(f["cpu_busy"] or [None] * cpus)[i] for f in figures]) for i in range(cpus)],
     }
-    lines = [
-        f"## {seeds} seeds per arm",
-        "",
-        "Times to a target are counted from the trainer's first optimizer step (the launch's start-up, the same "
-        "in both arms, is left out; the ratios from launch follow the table). Peak learning rates: "
-        + ", ".join(f"{name} {max(row['lr'] for r in rs for row in r):.1e}" for name, rs in rows.items() if rs[0])
-        + ".",
-        "",
-        "| arm | "
-        + " | ".join(f"time to {t:.0%} (s)" for t in targets)
-        + " | accuracy at the end | trainer steps | update-to-data | CPU 0 busy | CPU 1 busy |",
-        "|---|" + "---|" * (len(targets) + 5),
-    ]
 
-    def arm_times(name: str, target: float, every: int = 1) -> list[float | None]:
-        """Each seed's time to ``target`` in arm ``name``, from the trainer's first step."""
-        return [training_time_to(s, r, target, every) for s, r in zip(runs[name], rows[name], strict=True)]
 
-    def arm_samples(name: str, target: float) -> list[int | None]:
-        """Each seed's samples trained on to ``target`` in arm ``name``."""
-        return [samples_to(s, r, target) for s, r in zip(runs[name], rows[name], strict=True)]
+def record(
+    arm_list: Sequence[Arm], runs: dict[str, list[dict]], task: str, minutes: float, out: Path, command: str
+) -> dict:
+    """The experiment's record for one budget (experiments/records.py): provenance, each arm's runs and spreads, the
+    async / sync ratios of every pair, and the levers the extra arms measured."""
+    targets = TARGETS[task]
+    rec = {
+        **provenance(),
+        "experiment": "decoupling",
+        "task": task,
+        "minutes": minutes,
+        "targets": list(targets),
+        "command": command,
+        "evaluation": {"every_s": EVAL_EVERY, "after_run": True, "prompts": 200, "coarse_every_s": COARSE * EVAL_EVERY},
+        "code_differences": [],
+        "arms": {},
+        "pairs": [],
+        "levers": [],
+    }
+    figures = {}
+    for arm in arm_list:
+        dirs = [out / arm.name / f"seed-{s['seed']}" for s in runs[arm.name]]
+        figures[arm.name] = [run_figures(s, d, targets) for s, d in zip(runs[arm.name], dirs, strict=True)]
+        rec["arms"][arm.name] = {
+            "mode": arm.mode,
+            "deviations": deviations(arm),
+            "env": arm.env,
+            "peak_lr": max((f["peak_lr"] for f in figures[arm.name] if f["peak_lr"]), default=None),
+            "resolved": resolved_settings(dirs[0]),
+            "summary": arm_summary(figures[arm.name], targets),
+            "runs": figures[arm.name],
+        }
 
-    for name, summaries in runs.items():
-        cells = [spread(arm_times(name, t), "{:.0f}") for t in targets]
-        cells.append(spread([100 * s["evaluations"][-1]["accuracy"] for s in summaries], unit="%"))
-        cells.append(spread([s.get("trainer_steps") or 0 for s in summaries], "{:.0f}"))
-        cells.append(spread([update_to_data(s) for s in summaries], "{:.2f}"))
-        for cpu in (0, 1):
-            cells.append(spread([100 * s["cpu_busy"][cpu] for s in summaries], "{:.0f}", "%"))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    modes = {name: summaries[0]["mode"] for name, summaries in runs.items()}  # as each run recorded it
-    for a, b in pairs(modes):
-        lines += ["", f"Time to target, {a} / {b} (ratio of the mean times; range of the per-seed ratios):", ""]
-        for t in targets:
-            a0 = [time_to(s["evaluations"], t) for s in runs[a]]
-            b0 = [time_to(s["evaluations"], t) for s in runs[b]]
-            lines.append(
-                f"- {t:.0%}: {ratio_spread(arm_times(a, t), arm_times(b, t))}; from launch {ratio_spread(a0, b0)}"
-            )
-        lines += ["", f"The same on a {COARSE * EVAL_EVERY:g}-s grid (one evaluation in {COARSE}):", ""]
-        for t in targets:
-            lines.append(f"- {t:.0%}: {ratio_spread(arm_times(a, t, COARSE), arm_times(b, t, COARSE))}")
-        lines += [
-            "",
-            f"Samples trained on to the target, {a} / {b} (how far a sample takes each arm: the ratio of the times "
-            "is about this one times the ratio of the seconds per sample trained):",
-            "",
-        ]
-        for t in targets:
-            lines.append(f"- {t:.0%}: {ratio_spread(arm_samples(a, t), arm_samples(b, t))}")
-    buckets = list(staleness_histogram([]))
-    lines += [
-        "",
-        "Per run: steps; accuracy start → lowest → end; times to the targets (s); update-to-data; median cycle = "
-        "compute + wait + the rest (s); the searcher's generate + score and publish per batch (s); share of the "
-        "samples trained on by staleness in versions "
-        f"({' / '.join(buckets)}); mean |log pi_theta - log mu| of those samples (nats):",
-        "",
-    ]
-    for name, summaries in runs.items():
-        for s, r, work in zip(summaries, rows[name], works[name], strict=True):
-            ev = s["evaluations"]
-            times = ", ".join("-" if (x := training_time_to(s, r, t)) is None else f"{x:.0f}" for t in targets)
-            utd = update_to_data(s)
-            parts = cycle_parts(r)
-            cycle = (
-                f"{parts['cycle']:.3f} = {parts['compute']:.3f} + {parts['wait']:.3f} + "
-                f"{parts['cycle'] - parts['compute'] - parts['wait']:.3f}"
-                if parts
-                else "-"
-            )
-            hist = " / ".join(f"{100 * v:.0f}%" for v in staleness_histogram(r).values())
-            searched = f"{work['generate']:.3f} + {work['score']:.3f}" if work else "-"
-            distance = off_policy_distance(r)
-            lines.append(
-                f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps; {ev[0]['accuracy']:.1%} → "
-                f"{min(e['accuracy'] for e in ev):.1%} → {ev[-1]['accuracy']:.1%}; {times}; "
-                f"{'-' if utd is None else f'{utd:.2f}'}; {cycle}; {searched}; {hist}; "
-                f"{'-' if distance is None else f'{distance:.3f}'}"
-            )
-    lines += [
-        "",
-        "The synchronous cycle, per step (s; medians of the cycle and compute, means of the other parts; the "
-        "first searcher's generate, score and reload):",
-        "",
-    ]
-    synchronous = [
-        (name, s, r, w)
-        for name, mode in modes.items()
-        if mode == "sync"
-        for s, r, w in zip(runs[name], rows[name], works[name], strict=True)
-    ]
-    for name, s, r, work in synchronous:
-        parts = cycle_parts(r)
-        if parts is None or work is None:
-            continue
-        known = parts["compute"] + sum(work.values())
-        lines.append(
-            f"- {name} seed {s['seed']}: cycle {parts['cycle']:.3f} = generate {work['generate']:.3f} + score and "
-            f"publish {work['score']:.3f} + reload {work['reload']:.3f} + train {parts['compute']:.3f}"
-            + (f" (of which the reference pass {parts['reference']:.3f})" if parts["reference"] else "")
-            + " + checkpoint "
-            f"{work['publish']:.3f} + overhead {parts['cycle'] - known:.3f}"
+    def ratios(a: str, b: str, key: str) -> dict:
+        return {
+            str(t): ratio([f[key][str(t)] for f in figures[a]], [f[key][str(t)] for f in figures[b]]) for t in targets
+        }
+
+    for a, b in pairs({arm.name: arm.mode for arm in arm_list}):
+        rec["pairs"].append(
+            {
+                "async": a,
+                "sync": b,
+                "time_ratio": ratios(a, b, "time_to"),
+                "coarse_time_ratio": ratios(a, b, "coarse_time_to"),
+                "samples_ratio": ratios(a, b, "samples_to"),
+            }
         )
-    lines += ["", f"![accuracy against time, {minutes:g} minutes]({plot.name})", ""]
-    plot_accuracy(runs, plot, f"Bounded async vs on-policy sync TB, separate cores, {minutes:g} min")
-    return lines
+    for arm in arm_list[2:]:  # the extra arms: each a lever beside its mode's default arm
+        against = "async-tb" if arm.mode == "async" else "sync-tb"
+        lever = ", ".join(f"{k}={v}" for k, v in deviations(arm).items())
+        rec["levers"].append({"arm": arm.name, "against": against, "lever": lever, "outcome": "not adopted"})
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,30 +365,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     args = parse_args(argv, "decoupling", __doc__, minutes=[5.0, 10.0], flags=flags, options=options)
     task = "calculator" if args.generation_heavy else "arithmetic"
-    prefix = "decoupling-calculator" if args.generation_heavy else "decoupling"
-    for minutes in args.minutes:  # one file per budget, written as soon as its runs are done
-        name = f"{prefix}-{minutes:g}min"
+    flags_used = (
+        " --ablation" * args.ablation
+        + " --generation-heavy" * args.generation_heavy
+        + " --more-search" * args.more_search
+        + "".join(arm_flag(mode, env) for mode, env in args.extra)
+    )
+    for minutes in args.minutes:  # one record per budget, written as soon as its runs are done
         out = args.out / (f"calculator-{minutes:g}min" if args.generation_heavy else f"{minutes:g}min")
-        runs = run_interleaved(arms(task, args.ablation, args.more_search, args.extra), args.seeds, minutes, out)
-        flags_used = (
-            " --ablation" * args.ablation
-            + " --generation-heavy" * args.generation_heavy
-            + " --more-search" * args.more_search
-            + "".join(arm_flag(mode, env) for mode, env in args.extra)
-        )
-        lines = [
-            f"# Claim (1): decoupling, {task}, {minutes:g} minutes per run",
-            "",
-            "Searcher on CPU 0, trainer on CPU 1 in every arm"
-            + (" (the -backfill and -2-searchers arms: a second searcher on CPU 1)" if args.more_search else "")
-            + "; same SFT base; held-out greedy accuracy on 200 "
-            f"prompts of the checkpoint taken every {EVAL_EVERY:g} s, evaluated after the run. "
-            f"`python -m experiments.decoupling --seeds {args.seeds} --minutes "
-            f"{minutes:g}{flags_used}`. Spread: mean ± sd (min-max, n) over seeds.",
-            "",
-            *report(runs, TARGETS[task], minutes, out, args.results / f"{name}.png"),
-        ]
-        write_markdown(args.results / f"{name}.md", lines)
+        arm_list = arms(task, args.ablation, args.more_search, args.extra)
+        runs = run_interleaved(arm_list, args.seeds, minutes, out)
+        command = f"python -m experiments.decoupling --seeds {args.seeds} --minutes {minutes:g}{flags_used}"
+        rec = record(arm_list, runs, task, minutes, out, command)
+        extra = slug(flags_used.replace("--generation-heavy", ""))[:40] if flags_used.strip() else ""
+        write_record(args.results, "decoupling", record_name(task, minutes, rec, extra), rec)
+        for a, b in pairs({arm.name: arm.mode for arm in arm_list}):
+            times = {name: [f["time_to"] for f in rec["arms"][name]["runs"]] for name in (a, b)}
+            for t in TARGETS[task]:
+                print(f"{a} / {b} at {t:.0%}: {ratio_spread(*([x[str(t)] for x in times[n]] for n in (a, b)))}")
     return 0
 
 

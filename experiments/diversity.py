@@ -15,6 +15,8 @@ with 16 samples at the searchers' temperature (0.7) on every held-out prompt:
   checkpoint of each run that reached it (diversity is only comparable at equal accuracy: a policy
   that is right less often has fewer correct answers to be distinct).
 
+Recorded under docs/results/data/diversity/ and rendered into docs/results/diversity.md.
+
 Cost: 2 arms x seeds x (minutes + ~1 min) plus ~1 min of evaluation per run; 3 seeds at 5 minutes:
 ~45 min. Run alone: ``python -m experiments.diversity [--seeds 3] [--minutes 5]``.
 """
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.arms import Arm, parse_args, plot_accuracy, run_interleaved, spread, write_markdown
+from experiments.arms import Arm, curve, parse_args, run_interleaved, spread, write_record
 from experiments.decoupling import PLACEMENT
+from experiments.records import provenance, record_name
 
 TASK = "sums"
 SYNC = {"TBA_MAX_BATCHES_PER_VERSION": "1", "TBA_PROMPTS_PER_BATCH": "8"}
@@ -73,50 +76,49 @@ def analyse(runs: dict[str, list[dict]], out: Path) -> tuple[float, dict[str, li
     return matched, measures
 
 
-def report(
-    runs: dict[str, list[dict]], matched: float, measures: dict[str, list[dict]], minutes: float, results: Path
-) -> None:
+def record(runs: dict[str, list[dict]], matched: float, measures: dict[str, list[dict]], minutes: float) -> dict:
+    """The experiment's record (experiments/records.py): per run the measures at the end and at matched accuracy,
+    its trainer steps and held-out curve."""
     seeds = len(next(iter(runs.values())))
-    lines = [
-        f"# Claim (2): diversity on `{TASK}`, {minutes:g} minutes per run, {seeds} seeds per arm",
-        "",
-        f"`python -m experiments.diversity --seeds {seeds} --minutes {minutes:g}`. {SAMPLES} samples per "
-        "held-out prompt at temperature 0.7; spread: mean ± sd (min-max, n) over seeds. Matched accuracy: "
-        f"{matched:.1%} greedy, the highest level every run reached; each run's first checkpoint at that level.",
-        "",
-        "| arm | distinct correct / prompt, end | sampled accuracy, end | distinct correct / prompt, matched "
-        "| sampled accuracy, matched | greedy accuracy, end |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, ms in measures.items():
-        cells = [
-            spread([m["end"]["distinct_correct"] for m in ms], "{:.2f}"),
-            spread([100 * m["end"]["sampled_accuracy"] for m in ms], unit="%"),
-            spread([m["matched"]["distinct_correct"] for m in ms], "{:.2f}"),
-            spread([100 * m["matched"]["sampled_accuracy"] for m in ms], unit="%"),
-            spread([100 * m["end"]["greedy_accuracy"] for m in ms], unit="%"),
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Per run:", ""]
-    for name, ms in measures.items():
-        for s, m in zip(runs[name], ms, strict=True):
-            lines.append(
-                f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps; matched at "
-                f"{m['matched_at']}: {m['matched']['distinct_correct']:.2f} distinct, "
-                f"{m['matched']['sampled_accuracy']:.1%} sampled; end: {m['end']['distinct_correct']:.2f} "
-                f"distinct, {m['end']['sampled_accuracy']:.1%} sampled, "
-                f"{m['end']['greedy_accuracy']:.1%} greedy"
-            )
-    lines += ["", "![accuracy against time](diversity.png)"]
-    write_markdown(results / "diversity.md", lines)
-    plot_accuracy(runs, results / "diversity.png", f"{TASK}: async TB vs on-policy GRPO, separate cores")
+    rec = {
+        **provenance(),
+        "experiment": "diversity",
+        "task": TASK,
+        "minutes": minutes,
+        "command": f"python -m experiments.diversity --seeds {seeds} --minutes {minutes:g}",
+        "samples": SAMPLES,
+        "temperature": 0.7,
+        "matched_accuracy": matched,
+        "arms": {},
+    }
+    for arm in ARMS:
+        rec["arms"][arm.name] = {
+            "mode": arm.mode,
+            "loss": arm.loss,
+            "runs": [
+                {
+                    "seed": s["seed"],
+                    "trainer_steps": s.get("trainer_steps"),
+                    "matched_at": m["matched_at"],
+                    "matched": {k: m["matched"][k] for k in ("distinct_correct", "sampled_accuracy")},
+                    "end": m["end"],
+                    "evaluations": curve(s),
+                }
+                for s, m in zip(runs[arm.name], measures[arm.name], strict=True)
+            ],
+        }
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, "diversity", __doc__, minutes=5.0)
     runs = run_interleaved(ARMS, args.seeds, args.minutes, args.out, keep_evaluated=True)
     matched, measures = analyse(runs, args.out)
-    report(runs, matched, measures, args.minutes, args.results)
+    rec = record(runs, matched, measures, args.minutes)
+    write_record(args.results, "diversity", record_name(TASK, args.minutes, rec), rec)
+    for name, ms in measures.items():
+        distinct = spread([m["end"]["distinct_correct"] for m in ms], "{:.2f}")
+        print(f"{name}: distinct correct answers per prompt at the end {distinct}")
     return 0
 
 

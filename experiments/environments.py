@@ -8,6 +8,8 @@ trainer steps, and what the searchers' episodes held: model turns and environmen
 episodes that failed. The searcher's cost of the environment loop against single-turn generation of the
 same length is ``python -m benchmarks.run episodes``.
 
+Recorded under docs/results/data/environments/ and rendered into docs/results/environments.md.
+
 Run alone: ``python -m experiments.environments [--seeds 3] [--minutes 10]``.
 """
 
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.arms import Arm, parse_args, plot_accuracy, run_interleaved, spread, time_to, write_markdown
+from experiments.arms import Arm, curve, parse_args, run_interleaved, spread, time_to, write_record
+from experiments.records import provenance, record_name, summarize
 from tba.local.report import read_jsonl
 
 ARMS = [Arm("calculator-tb", task="calculator", searchers=2, eval_every=30.0)]
@@ -40,46 +43,57 @@ def episode_figures(run_dir: Path) -> dict[str, float]:
     }
 
 
+def record(summaries: list[dict], figures: list[dict[str, float]], minutes: float) -> dict:
+    """The experiment's record (experiments/records.py): per seed the accuracies, times to the targets, steps and
+    what the episodes held; their spreads; the held-out curves."""
+    runs = []
+    for s, f in zip(summaries, figures, strict=True):
+        ev = s["evaluations"]
+        runs.append(
+            {
+                "seed": s["seed"],
+                "accuracy": {
+                    "start": ev[0]["accuracy"],
+                    "lowest": min(e["accuracy"] for e in ev),
+                    "end": ev[-1]["accuracy"],
+                },
+                "time_to": {str(t): time_to(ev, t) for t in TARGETS},
+                "trainer_steps": s.get("trainer_steps") or 0,
+                **f,
+                "evaluations": curve(s),
+            }
+        )
+    return {
+        **provenance(),
+        "experiment": "environments",
+        "task": ARMS[0].task,
+        "minutes": minutes,
+        "command": f"python -m experiments.environments --seeds {len(summaries)} --minutes {minutes:g}",
+        "targets": list(TARGETS),
+        "evaluation": {"every_s": ARMS[0].eval_every, "after_run": False, "prompts": 200},
+        "arm": {"name": ARMS[0].name, "searchers": ARMS[0].searchers, "placement": ARMS[0].placement},
+        "summary": {
+            "accuracy_start": summarize([r["accuracy"]["start"] for r in runs]),
+            "accuracy_lowest": summarize([r["accuracy"]["lowest"] for r in runs]),
+            "accuracy_end": summarize([r["accuracy"]["end"] for r in runs]),
+            "time_to": {str(t): summarize([r["time_to"][str(t)] for r in runs]) for t in TARGETS},
+            "trainer_steps": summarize([r["trainer_steps"] for r in runs]),
+            "turns": summarize([r["turns"] for r in runs]),
+            "env_tokens": summarize([r["env_tokens"] for r in runs]),
+            "failed": summarize([r["failed"] for r in runs]),
+        },
+        "runs": runs,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, "environments", __doc__, minutes=10.0)
     runs = run_interleaved(ARMS, args.seeds, args.minutes, args.out)
     summaries = runs[ARMS[0].name]
-    lines = [
-        f"# Multi-turn: the calculator task, {args.minutes:g} minutes per run",
-        "",
-        f"`python -m experiments.environments --seeds {args.seeds} --minutes {args.minutes:g}`: `tba up --task "
-        "calculator` (2 searchers and the trainer on the machine's 2 cores), held-out greedy accuracy on 200 "
-        "prompts every 30 s, from the task's SFT base. Spread: mean ± sd (min-max, n) over seeds.",
-        "",
-        "| seeds | start | lowest | end | "
-        + " | ".join(f"time to {t:.0%} (s)" for t in TARGETS)
-        + " | trainer steps | model turns / trajectory | environment tokens / trajectory | failed episodes |",
-        "|---|" + "---|" * (len(TARGETS) + 7),
-    ]
     figures = [episode_figures(args.out / ARMS[0].name / f"seed-{s['seed']}") for s in summaries]
-    evals = [s["evaluations"] for s in summaries]
-    cells = [
-        str(len(summaries)),
-        spread([100 * e[0]["accuracy"] for e in evals], unit="%"),
-        spread([100 * min(x["accuracy"] for x in e) for e in evals], unit="%"),
-        spread([100 * e[-1]["accuracy"] for e in evals], unit="%"),
-        *(spread([time_to(e, t) for e in evals], "{:.0f}") for t in TARGETS),
-        spread([s.get("trainer_steps") or 0 for s in summaries], "{:.0f}"),
-        spread([f["turns"] for f in figures], "{:.2f}"),
-        spread([f["env_tokens"] for f in figures], "{:.2f}"),
-        spread([f["failed"] for f in figures], "{:.0f}"),
-    ]
-    lines += ["| " + " | ".join(cells) + " |", ""]
-    for s, e in zip(summaries, evals, strict=True):
-        lines.append(
-            f"- seed {s['seed']}: "
-            + " → ".join(f"{x['accuracy']:.1%}" for x in e[:: max(1, len(e) // 8)])
-            + f" → {e[-1]['accuracy']:.1%}"
-        )
-    plot = f"environments-{args.minutes:g}min.png"
-    lines += ["", f"![held-out accuracy against time]({plot})", ""]
-    plot_accuracy(runs, args.results / plot, f"Calculator (multi-turn), tiny model, {args.minutes:g} min")
-    write_markdown(args.results / f"environments-{args.minutes:g}min.md", lines)
+    rec = record(summaries, figures, args.minutes)
+    write_record(args.results, "environments", record_name(ARMS[0].task, args.minutes, rec), rec)
+    print(f"held-out accuracy at the end: {spread([r['accuracy']['end'] for r in rec['runs']], '{:.3f}')}")
     return 0
 
 

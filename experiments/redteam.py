@@ -16,6 +16,8 @@ one batch of the base model provides in every arm. Reported with spread over see
 - the policy's success rate at the end: 16 samples per held-out prompt, and greedy;
 - the time until the greedy success rate first reaches 50 %.
 
+Recorded under docs/results/data/redteam/ and rendered into docs/results/redteam.md.
+
 Cost: 3 budgets x seeds x (minutes + ~1 min); 3 seeds at 6 minutes: ~65 min.
 Run alone: ``python -m experiments.redteam [--seeds 3] [--minutes 6]``.
 """
@@ -25,8 +27,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.arms import Arm, parse_args, plot_accuracy, run_interleaved, spread, time_to, write_markdown
+from experiments.arms import Arm, curve, parse_args, run_interleaved, spread, time_to, write_record
 from experiments.decoupling import PLACEMENT
+from experiments.records import provenance, record_name, summarize
 
 BUDGETS = (1, 2, 4)  # generation batches per policy version
 TARGET = 0.5
@@ -91,56 +94,35 @@ def measure(summary: dict, run_dir: Path, successes_dir: Path) -> dict:
     }
 
 
-def report(
-    runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: dict, minutes: float, results: Path
-) -> None:
+def record(runs: dict[str, list[dict]], measures: dict[str, list[dict]], base: dict, minutes: float) -> dict:
+    """The experiment's record (experiments/records.py): per search budget its runs' measures and their spreads."""
     seeds = len(next(iter(runs.values())))
-    lines = [
-        f"# Claim (3): search on a sparse reward, {minutes:g} minutes per run, {seeds} seeds per budget",
-        "",
-        f"`python -m experiments.redteam --seeds {seeds} --minutes {minutes:g}`. Trainer on CPU 1 (a checkpoint "
-        "every 32 steps), searcher on CPU 0 generating at most N batches per policy version; TB, beta 0.05, a "
-        "global cap of 20,000 samples. Spread: mean ± sd (min-max, n) over seeds.",
-        "",
-        "| search budget | samples generated | successes found | distinct successes found | policy success, "
-        f"sampled | policy success, greedy | distinct successes / prompt ({SAMPLES} samples) | time to "
-        f"{TARGET:.0%} greedy (s) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, ms in measures.items():
-        cells = [
-            spread([m["generated"] for m in ms], "{:.0f}"),
-            spread([m["successes"] for m in ms], "{:.0f}"),
-            spread([m["distinct"] for m in ms], "{:.0f}"),
-            spread([100 * m["sampled_success"] for m in ms], unit="%"),
-            spread([100 * m["greedy_success"] for m in ms], unit="%"),
-            spread([m["distinct_final"] for m in ms], "{:.2f}"),
-            spread([m["time_to_target"] for m in ms], "{:.0f}"),
+    rec = {
+        **provenance(),
+        "experiment": "redteam",
+        "task": "redteam",
+        "minutes": minutes,
+        "command": f"python -m experiments.redteam --seeds {seeds} --minutes {minutes:g}",
+        "samples": SAMPLES,
+        "target": TARGET,
+        "base": {"sampled_success": base["pass_at_k"]["1"], "greedy_success": base["greedy_accuracy"]},
+        "arms": {},
+    }
+    for b in BUDGETS:
+        name = f"search-x{b}"
+        figures = [
+            {"seed": s["seed"], "trainer_steps": s.get("trainer_steps"), **m, "evaluations": curve(s)}
+            for s, m in zip(runs[name], measures[name], strict=True)
         ]
-        lines.append(f"| {name.replace('search-x', '')} batches / version | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"The base model: {base['pass_at_k']['1']:.2%} of its samples succeed ({SAMPLES} per held-out "
-        f"prompt), {base['greedy_accuracy']:.1%} greedy.",
-        "",
-        "Per run:",
-        "",
-    ]
-    for name, ms in measures.items():
-        for s, m in zip(runs[name], ms, strict=True):
-            lines.append(
-                f"- {name} seed {s['seed']}: {s.get('trainer_steps')} steps, {m['generated']} samples, "
-                f"{m['successes']} successes ({m['distinct']} distinct), policy {m['sampled_success']:.1%} "
-                f"sampled / {m['greedy_success']:.1%} greedy"
-            )
-    lines += ["", "![greedy success rate against time](redteam.png)"]
-    write_markdown(results / "redteam.md", lines)
-    plot_accuracy(
-        runs,
-        results / "redteam.png",
-        "Red-teaming: search budget (batches per policy version)",
-        ylabel="held-out greedy success rate",
-    )
+        rec["arms"][name] = {
+            "batches_per_version": b,
+            "summary": {
+                "distinct_final": summarize([f["distinct_final"] for f in figures]),
+                "time_to_target": summarize([f["time_to_target"] for f in figures]),
+            },
+            "runs": figures,
+        }
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for arm in the_arms
     }
-    report(runs, measures, policy(Path(the_arms[0].base_model or "")), args.minutes, args.results)
+    rec = record(runs, measures, policy(Path(the_arms[0].base_model or "")), args.minutes)
+    write_record(args.results, "redteam", record_name("redteam", args.minutes, rec), rec)
+    for name, ms in measures.items():
+        print(f"{name}: successes {spread([m['successes'] for m in ms], '{:.0f}')}")
     return 0
 
 

@@ -7,7 +7,8 @@
 3. redteam (experiments/redteam.py): a sparse reward from a learned judge; successes and distinct
    successes found as the search budget grows at a fixed trainer budget (~65 min at 3 seeds x 6 min).
 
-Each writes its table and plot to docs/results/ and can be run alone (``python -m experiments.<name>``).
+Each writes its record under docs/results/data/, rebuilds the results pages from the records
+(``python -m experiments.report``) and can be run alone (``python -m experiments.<name>``).
 Finished runs are kept in runs/experiments/ and not run again, so an interrupted ``make experiment``
 resumes where it stopped.
 """

@@ -1,7 +1,6 @@
 """The settings table of docs/configuration.md, generated from the settings classes (``python -m tba.settings_doc``).
 
-A test compares the file with this output, and the README's short table with the same rows, so neither
-can drift from the code.
+A test compares the file with this output, so it cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -28,21 +27,6 @@ SERVICES: dict[str, type[CommonSettings]] = {
     "trainer": TrainerSettings,
     "searcher": SearcherSettings,
 }
-
-
-# The README's short table: the settings people change first.
-FIRST = (
-    "task",
-    "task_options",
-    "model",
-    "lr",
-    "prompts_per_step",
-    "completions_per_prompt",
-    "max_staleness",
-    "max_reuse",
-    "redis_url",
-    "auth_token",
-)
 
 
 HEADER = ["| variable | used by | default | description |", "|---|---|---|---|"]
@@ -105,7 +89,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each generated file and what goes between its markers.
 TABLES: dict[Path, Callable[[], str]] = {
     ROOT / "docs" / "configuration.md": grouped_tables,
-    ROOT / "README.md": lambda: table(FIRST),
 }
 
 

@@ -41,6 +41,9 @@ PATH = re.compile(r"(?<![\w./-])(?:(?:" + "|".join(TOP_DIRS) + r")/[\w./*<>{}$-]
 TEMPLATE_CHARS = frozenset("*<{$")  # a glob or a template (`services/*/Dockerfile`, `k8s/overlays/{overlay}`)
 # Tokens shaped like paths that name something else: the container images (k8s/README.md, "Images").
 NOT_PATHS = frozenset({"tba/buffer", "tba/trainer", "tba/searcher", "tba/envserver"})
+# Records cited before they exist: the GPU benchmark's, written on a GPU host (experiments.report renders it once
+# it is there).
+NOT_YET = frozenset({"docs/results/data/gpu-trainer.json"})
 CITATION = re.compile(r"(?<![\w./-])docs/([\w-]+)\.md\s+§(\d+)", re.ASCII)
 HEADING = re.compile(r"^## (\d+)\. \S", re.MULTILINE)
 # Design notes that are not part of the repository must not be cited; the names are assembled here so that
@@ -96,7 +99,7 @@ def test_cited_paths_exist() -> None:
     for source in scanned():
         for match in PATH.finditer(read(source)):
             token = match.group(0).rstrip(".")
-            if not token or TEMPLATE_CHARS & set(token) or token in NOT_PATHS:
+            if not token or TEMPLATE_CHARS & set(token) or token in NOT_PATHS | NOT_YET:
                 continue
             checked += 1
             if not (ROOT / token).exists() and not git_ignored(token):
@@ -145,10 +148,10 @@ def documented_task(page: Path, tmp_path: Path, monkeypatch) -> tuple[str, Any]:
     return name, make_task(name)
 
 
-def test_the_readme_task_example_runs(tmp_path: Path, monkeypatch) -> None:
-    """README "Tasks": the task of your own, copied from the README as a user copies it, loads by
-    ``module:Class`` and scores its own held-out answers."""
-    name, task = documented_task(ROOT / "README.md", tmp_path, monkeypatch)
+def test_the_task_example_runs(tmp_path: Path, monkeypatch) -> None:
+    """docs/tasks.md: the task of your own, copied from the page as a user copies it, loads by ``module:Class``
+    and scores its own held-out answers."""
+    name, task = documented_task(ROOT / "docs" / "tasks.md", tmp_path, monkeypatch)
     assert task.name == name  # what its groups are stamped with
     held_out = task.eval_prompts(4)
     assert len(held_out) == 4 and all(task.reward(p, p.answer) == 1.0 for p in held_out)

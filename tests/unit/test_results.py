@@ -1,0 +1,134 @@
+"""The results are data: every page, docs/results/claims.json and README's results table match the committed
+records (``python -m experiments.report --check``), a record an experiment writes is one the pages render, and
+nothing under docs/results is named by a machine or a round or left without the data that makes it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments import records, report
+from experiments.arms import Arm
+from experiments.report import claims
+
+RESULTS = records.RESULTS
+CLAIM_FIELDS = {"claim", "task", "model", "budget", "seeds", "cpu_model", "commit", "headline", "page", "result"}
+ORDINAL = re.compile(
+    r"first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|teenth|twentieth|"
+    r"twenty-|machine|round"
+)
+
+
+def test_every_page_and_the_readme_table_match_the_data() -> None:
+    stale = report.stale()
+    assert not stale, "stale against docs/results/data (run `python -m experiments.report`):\n" + "\n".join(stale)
+
+
+def test_a_changed_figure_makes_its_page_stale(tmp_path: Path) -> None:
+    data = tmp_path / "results" / "data"
+    shutil.copytree(records.DATA, data)
+    name, record = list(records.load("decoupling", data))[-1]
+    record["pairs"][0]["time_ratio"]["0.6"]["mean"] = 0.123
+    records.write("decoupling", name, record, data)
+    pages = report.build(data)
+    assert "0.12" in pages[tmp_path / "results" / "decoupling.md"]
+    assert pages[tmp_path / "results" / "decoupling.md"] != (RESULTS / "decoupling.md").read_text()
+
+
+def test_claims_carry_what_a_reader_needs_and_the_readme_shows_each() -> None:
+    entries = json.loads((RESULTS / "claims.json").read_text())
+    ids = [c["id"] for c in entries]
+    assert {"decoupling", "diversity", "redteam", "demo"} <= set(ids)
+    for c in entries:
+        assert CLAIM_FIELDS <= set(c), (c["id"], CLAIM_FIELDS - set(c))
+        assert (records.ROOT / c["page"]).exists(), c["page"]
+    decoupling = entries[ids.index("decoupling")]
+    for figures in decoupling["headline"]["ratios"].values():
+        assert set(figures) == {"0.5", "0.6", "0.7"} and all(0 < v for v in figures.values())
+    readme = report.README.read_text()
+    block = readme.split(report.START, 1)[1].split(report.END, 1)[0]
+    assert block.strip() == claims.table(entries, "docs/results/")
+    assert all(f"({c['page']})" in block for c in entries)
+
+
+def test_nothing_in_the_results_is_named_by_a_machine_or_a_round() -> None:
+    names = [p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("*") if p.is_file()]
+    assert names and not [n for n in names if ORDINAL.search(n)]
+
+
+def test_every_results_file_is_generated_from_data_or_listed_as_written_by_hand() -> None:
+    generated = set(report.build()) | set(report.plots())
+    for path in RESULTS.iterdir():
+        if path.is_file():
+            assert path in generated or path.name in report.BY_HAND, f"{path.name}: no data makes it"
+
+
+def test_the_gpu_page_is_rendered_from_its_record_once_there(tmp_path: Path, monkeypatch) -> None:
+    data = tmp_path / "results" / "data"
+    data.mkdir(parents=True)
+    assert tmp_path / "results" / "gpu-trainer.md" not in report.build(data)
+    (data / report.GPU_RECORD).write_text(json.dumps({"benchmark": "gpu-trainer"}))
+    monkeypatch.setattr("benchmarks.gpu.render", lambda record: f"# page of {record['benchmark']}\n")
+    assert report.build(data)[tmp_path / "results" / "gpu-trainer.md"] == "# page of gpu-trainer\n"
+
+
+# --- what an experiment writes is what the pages read -------------------------------------------------------------
+
+
+def fake_run(run_dir: Path, seed: int, mode: str, step_s: float, accuracies: list[float]) -> dict:
+    """A finished run's files as ``tba up`` and experiments.arms leave them: the trainer's metrics, the timeline's
+    last status, the summary."""
+    run_dir.mkdir(parents=True)
+    steps = [
+        {"ts": 100.0 + 10 + i * step_s, "step": i + 1, "samples": 64, "step_s": 0.06, "wait_s": 0.01, "lr": 2e-5}
+        | {"staleness_hist": {"0" if mode == "sync" else "2": 64}}
+        for i in range(40)
+    ]
+    (run_dir / "trainer_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    status = {
+        "searchers": {
+            "searcher-0": {"batches": 10, "generate_seconds": 1.0, "score_seconds": 0.1, "reload_seconds": 0.3}
+            | {"reloads": 10}
+        },
+        "trainer": {"publish_s_mean": 0.02},
+    }
+    (run_dir / "timeline.jsonl").write_text(json.dumps(status) + "\n")
+    evaluations = [{"t": 5.0 * i, "version": i, "accuracy": a} for i, a in enumerate(accuracies)]
+    return {
+        "seed": seed,
+        "mode": mode,
+        "evaluations": evaluations,
+        "started_at": 100.0,
+        "trainer_steps": 40,
+        "buffer": {"samples_ingested": 2560, "samples_served": 2560},
+        "cpu_busy": [0.98, 0.7],
+    }
+
+
+def test_a_decoupling_record_renders_as_the_claim_s_current_result(tmp_path: Path) -> None:
+    from experiments.decoupling import arms, record
+
+    out, data = tmp_path / "runs", tmp_path / "results" / "data"
+    fast, slow = [0.3, 0.4, 0.55, 0.65, 0.75, 0.85], [0.3, 0.35, 0.4, 0.5, 0.55, 0.6, 0.65, 0.72, 0.81]
+    arm_list: list[Arm] = arms("arithmetic")
+    runs = {
+        "async-tb": [fake_run(out / "async-tb" / f"seed-{s}", s, "async", 0.1, fast) for s in (0, 1)],
+        "sync-tb": [fake_run(out / "sync-tb" / f"seed-{s}", s, "sync", 0.2, slow) for s in (0, 1)],
+    }
+    rec = record(arm_list, runs, "arithmetic", 5.0, out, "python -m experiments.decoupling --seeds 2 --minutes 5")
+    assert rec["machine"]["cpu_model"] and rec["schema"] == records.SCHEMA
+    run = rec["arms"]["async-tb"]["runs"][0]
+    # 50% is first seen at 10 s, the trainer's first step came 10 s after the launch
+    assert run["time_to"]["0.5"] == pytest.approx(0.0) and run["time_to"]["0.6"] == pytest.approx(5.0)
+    assert rec["arms"]["sync-tb"]["runs"][0]["sync_cycle"]["cycle"] == pytest.approx(0.2)
+    assert rec["pairs"][0]["time_ratio"]["0.7"]["mean"] == pytest.approx(10 / 25)
+    assert rec["arms"]["async-tb"]["deviations"] == {} and rec["arms"]["sync-tb"]["deviations"] == {}
+    name = records.record_name("arithmetic", 5.0, rec)
+    assert not ORDINAL.search(name)
+    records.write("decoupling", name, json.loads(json.dumps(rec)), data)
+    page = report.build(data)[tmp_path / "results" / "decoupling.md"]
+    assert "## Current result" in page and "**0.40**" in page and name in page
