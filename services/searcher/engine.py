@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from services.searcher.cpus import computes_bf16, pin_engine_core, spare_cpus
 from services.searcher.startup import WEIGHT_PATTERNS
-from services.searcher.worker_ext import SPIN_ENV
+from services.searcher.worker_ext import CAST_DTYPE_ENV, SPIN_ENV
 from tba.model.adapters import is_adapter, vllm_max_rank
 from tba.schemas import FinishReason
 from tba.settings import SearcherSettings
@@ -169,7 +169,7 @@ def engine_options(settings: SearcherSettings, on_cpu: bool) -> tuple[dict[str, 
     options["worker_extension_cls"] = "services.searcher.worker_ext.QuietWorker"
     if settings.lora_rank:  # one adapter serves at a time; two fit while the next replaces the last
         options.update(enable_lora=True, max_lora_rank=vllm_max_rank(settings.lora_rank), max_loras=1, max_cpu_loras=2)
-    env: dict[str, str] = {}
+    env: dict[str, str] = {CAST_DTYPE_ENV: options["dtype"]}  # its processes drop the warning about that cast
     if on_cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(settings.kv_cache_gib)))  # whole GiB
         env[SPIN_ENV] = repr(settings.worker_spin_seconds)

@@ -470,6 +470,7 @@ class Searcher:
             "rejected_checkpoints": self.watcher.rejected,
             "reload_failures": self.reload_failures,
             "vanished_checkpoints": self.watcher.vanished,
+            "lost_checkpoints": self.watcher.lost,
             "watcher_errors": self.watcher.errors,
             "watcher_last_error": self.watcher.last_error,
             "watcher_alive": int(self.watcher.alive),

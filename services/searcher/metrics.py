@@ -36,6 +36,7 @@ EXPORTED: dict[str, tuple[str, str]] = {
     "rejected_checkpoints": ("counter", "Checkpoints refused (hash mismatch or failed load)."),
     "reload_failures": ("counter", "Reloads that failed (the engine kept the weights it served)."),
     "vanished_checkpoints": ("counter", "Checkpoints gone before the watcher got to them (skipped for the newest)."),
+    "lost_checkpoints": ("counter", "Checkpoints that vanished while this searcher held a lease on them."),
     "watcher_errors": ("counter", "Exceptions in the checkpoint watcher, each logged (the watcher went on)."),
     "watcher_alive": ("gauge", "1 while the checkpoint watcher's thread runs."),
     "leases_held": ("gauge", "Checkpoints this searcher holds a lease on (verifying, loading, serving)."),

@@ -77,6 +77,7 @@ class CheckpointWatcher:
         self.errors = 0  # exceptions a pass of the watcher raised (each logged; the watcher went on)
         self.last_error: str | None = None
         self.vanished = 0  # checkpoints gone before the watcher got to them
+        self.lost = 0  # checkpoints gone while it held a lease on them (the trainer did not honour it)
         self._newest: CheckpointManifest | None = None  # the newest manifest heard of, from any source
         self._rejected: set[tuple[int, str]] = set()
         self._missing_logged: set[int] = set()
@@ -149,14 +150,18 @@ class CheckpointWatcher:
             self._refuse(manifest, source, str(err))
             return
         lease = self.leases.acquire(directory.name)
-        if lease is Lease.PRUNING:
-            self._gone(manifest, source, "the trainer is pruning it")
+        if lease is Lease.PRUNING or not directory.is_dir():
+            self.leases.release(directory.name)
+            self._gone(manifest, source, "the trainer is pruning it" if lease is Lease.PRUNING else "no directory")
             return
         try:
             path = self.store.verify(manifest)
         except (CheckpointError, OSError) as err:
             self.leases.release(directory.name)
             if not directory.is_dir():
+                if lease is Lease.HELD:  # it was there when the lease was taken: the lease did not hold it
+                    self.lost += 1
+                    log.warning("checkpoint v%d vanished while this searcher held a lease on it", manifest.version)
                 self._gone(manifest, source, str(err))
             elif isinstance(err, CheckpointError):
                 self._refuse(manifest, source, str(err))
@@ -289,20 +294,30 @@ class CheckpointWatcher:
         if self._pubsub is None:
             self._stop.wait(0.2)
             return
-        try:
-            message = self._pubsub.get_message(timeout=0.2)
-        except redis.RedisError as err:
-            log.info("checkpoint subscription lost (%s); falling back to polling until it is back", err)
-            self._drop_subscription()
-            self._next_subscribe = time.monotonic() + next(self._subscribe_delays)
-            return
-        if message and message.get("type") == "message":
+        newest: CheckpointManifest | None = None
+        timeout = 0.2
+        while True:  # every announcement waiting, the newest considered (a backlog after a pause names many)
+            try:
+                message = self._pubsub.get_message(timeout=timeout)
+            except redis.RedisError as err:
+                log.info("checkpoint subscription lost (%s); falling back to polling until it is back", err)
+                self._drop_subscription()
+                self._next_subscribe = time.monotonic() + next(self._subscribe_delays)
+                break
+            if message is None:
+                break
+            timeout = 0.0
+            if message.get("type") != "message":
+                continue
             try:
                 manifest = parse_manifest(message["data"])
             except PayloadError as err:
                 log.warning("ignoring a bad checkpoint announcement: %s", err)
-                return
-            self.consider(manifest, "announcement")
+                continue
+            if newest is None or manifest.version > newest.version:
+                newest = manifest
+        if newest is not None:
+            self.consider(newest, "announcement")
 
     def _drop_subscription(self) -> None:
         if self._pubsub is not None:

@@ -13,19 +13,20 @@ the engine core too), and importing this module as the worker extension (``worke
 runs it in the workers where the package's entry points are not installed.
 
 The worker extension also carries the searcher's in-place reload (:meth:`QuietWorker.reload_in_place`):
-vLLM's reload plus what it leaves undone for a model with tied embeddings. Checkpoints hold float32 master
-weights, which a reload casts into the engine's dtype (bfloat16 where the CPU computes it): vLLM warns once
-per weight about that cast (about ten lines a reload for the tiny model, thousands an hour), so during our
-reload :class:`IntendedCasts` drops exactly that warning for exactly that cast, and every other line passes.
+vLLM's reload plus what it leaves undone for a model with tied embeddings.
+
+Models and checkpoints hold float32 master weights, which the engine casts into its own dtype (bfloat16
+where the CPU computes it) when it starts and at every reload: vLLM warns once per weight about that cast
+(about twenty lines a reload for the tiny model, thousands an hour). The engine names its dtype in
+:data:`CAST_DTYPE_ENV`, and in every process vLLM starts :class:`IntendedCasts` drops exactly that warning
+for exactly that cast; every other line passes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import os
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ SPIN_ENV = "TBA_WORKER_SPIN_SECONDS"
 # vLLM's per-weight warning when a checkpoint tensor's dtype differs from its parameter's (0.32), and its logger.
 CAST_WARNING = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
 CAST_LOGGER = "vllm.model_executor.models.utils"
+CAST_DTYPE_ENV = "TBA_ENGINE_DTYPE"  # set by the engine for its own processes (not a setting): the dtype it casts to
 
 
 class IntendedCasts(logging.Filter):
@@ -41,7 +43,8 @@ class IntendedCasts(logging.Filter):
 
     def __init__(self, dtype: object) -> None:
         super().__init__()
-        self.dtype = str(dtype)
+        text = str(dtype)
+        self.dtype = text if text.startswith("torch.") else f"torch.{text}"  # "bfloat16" or torch.bfloat16
         self.dropped = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -55,18 +58,6 @@ class IntendedCasts(logging.Filter):
         )
         self.dropped += intended
         return not intended
-
-
-@contextlib.contextmanager
-def intended_casts(dtype: object) -> Iterator[IntendedCasts]:
-    """:class:`IntendedCasts` on vLLM's loading logger while the block runs."""
-    logger = logging.getLogger(CAST_LOGGER)
-    casts = IntendedCasts(dtype)
-    logger.addFilter(casts)
-    try:
-        yield casts
-    finally:
-        logger.removeFilter(casts)
 
 
 def shorten_spin(seconds: float) -> bool:
@@ -86,9 +77,18 @@ def shorten_spin(seconds: float) -> bool:
 
 
 def configure_process() -> None:
-    """The vLLM plugin: in a process vLLM started (never the searcher's own), apply the spin window."""
-    if multiprocessing.parent_process() is not None and SPIN_ENV in os.environ:
+    """The vLLM plugin: in a process vLLM started (never the searcher's own), apply the spin window and drop
+    the intended casts' warnings."""
+    if multiprocessing.parent_process() is None:
+        return
+    if SPIN_ENV in os.environ:
         shorten_spin(float(os.environ[SPIN_ENV]))
+    if CAST_DTYPE_ENV in os.environ and not any(isinstance(f, IntendedCasts) for f in _cast_logger().filters):
+        _cast_logger().addFilter(IntendedCasts(os.environ[CAST_DTYPE_ENV]))
+
+
+def _cast_logger() -> logging.Logger:
+    return logging.getLogger(CAST_LOGGER)
 
 
 class QuietWorker:
@@ -115,10 +115,7 @@ class QuietWorker:
         head = getattr(model, "lm_head", None)
         embed = getattr(getattr(model, "model", None), "embed_tokens", None)
         before = getattr(embed, "cpu_linear", None)
-        # The engine's own dtype: what the float32 weights are cast to.
-        dtype = getattr(getattr(self.model_runner, "model_config", None), "dtype", None)
-        with intended_casts(dtype):
-            self.reload_weights(weights_path=weights_path)
+        self.reload_weights(weights_path=weights_path)
         method = getattr(head, "quant_method", None)
         tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
         if not tied or head is None or method is None:

@@ -6,6 +6,7 @@ host, the dtype it generates in, and the one vLLM warning an in-place reload sil
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -18,12 +19,19 @@ from services.searcher.engine import (
     Engine,
     EngineStopped,
     ReloadError,
+    engine_options,
     generation_dtype,
     guarded_call,
     should_restore,
     unloadable,
 )
-from services.searcher.worker_ext import CAST_LOGGER, CAST_WARNING, IntendedCasts, intended_casts
+from services.searcher.worker_ext import (
+    CAST_DTYPE_ENV,
+    CAST_LOGGER,
+    CAST_WARNING,
+    IntendedCasts,
+    configure_process,
+)
 from tba.procs import parse_cpu_list
 from tba.settings import SearcherSettings
 
@@ -238,9 +246,11 @@ def test_only_the_intended_float32_cast_warning_is_dropped() -> None:
     assert casts.dropped == 1
 
 
-def test_intended_casts_filter_vllms_logger_only_while_reloading() -> None:
+def test_the_engine_names_its_dtype_to_its_processes_which_drop_only_that_cast(monkeypatch) -> None:
     import torch
 
+    options, env = engine_options(SearcherSettings(generation_dtype="bfloat16"), on_cpu=True)
+    assert env[CAST_DTYPE_ENV] == options["dtype"] == "bfloat16"
     logger = logging.getLogger(CAST_LOGGER)
     seen: list[str] = []
 
@@ -249,12 +259,18 @@ def test_intended_casts_filter_vllms_logger_only_while_reloading() -> None:
             seen.append(r.getMessage())
 
     handler = Keep()
+    monkeypatch.setenv(CAST_DTYPE_ENV, env[CAST_DTYPE_ENV])
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # as in a process vLLM started
+    monkeypatch.setattr(logger, "filters", [])
     logger.addHandler(handler)
     try:
-        with intended_casts(torch.bfloat16) as casts:
-            logger.warning(CAST_WARNING, "norm.weight", torch.float32, torch.bfloat16)
-            logger.warning("Following weights were not loaded from checkpoint: %s", {"x"})
-        logger.warning(CAST_WARNING, "norm.weight", torch.float32, torch.bfloat16)  # outside a reload: kept
+        configure_process()
+        configure_process()  # as plugin and as extension: one filter
+        logger.warning(CAST_WARNING, "norm.weight", torch.float32, torch.bfloat16)
+        logger.warning("Following weights were not loaded from checkpoint: %s", {"x"})
+        logger.warning(CAST_WARNING, "norm.weight", torch.float16, torch.bfloat16)
     finally:
         logger.removeHandler(handler)
-    assert casts.dropped == 1 and len(seen) == 2 and "not loaded" in seen[0] and "norm.weight" in seen[1]
+    (casts,) = logger.filters
+    assert isinstance(casts, IntendedCasts) and casts.dropped == 1
+    assert len(seen) == 2 and "not loaded" in seen[0] and "torch.float16" in seen[1]
