@@ -16,6 +16,7 @@ from typing import Any
 
 from experiments import records as data
 from experiments.report import ablations, claims, decoupling, pages
+from experiments.report import plots as figures
 
 ROOT = data.ROOT
 README = ROOT / "README.md"
@@ -117,32 +118,19 @@ def build(root: Path = data.DATA, readme_text: str | None = None) -> dict[Path, 
     return out
 
 
-def plots(root: Path = data.DATA) -> dict[Path, list[tuple[str, list[list[float]]]]]:
-    """Each plot and its curves (label, [[seconds, accuracy], ...]): only records with every curve have one."""
+def plots(root: Path = data.DATA) -> dict[Path, tuple[str, dict[str, list[Any]]]]:
+    """Each plot's path, title and curves by arm: only records that hold every curve have one."""
     recs = load(root)
-    out = {}
+    out: dict[Path, tuple[str, dict[str, list[Any]]]] = {}
     for _, (_, record, plot) in single_run_pages(recs).items():
         if plot:
-            out[root.parent / plot] = [(arm, a["evaluations"]) for arm, a in record["arms"].items()]
+            title = f"single runs on shared cores, {record['task']}, {record['minutes']:g} min"
+            out[root.parent / plot] = (title, {arm: [a["evaluations"]] for arm, a in record["arms"].items()})
+    for task in decoupling.PAGES:
+        for _, (_, record) in decoupling.latest_current(recs["decoupling"], task).items():
+            if name := figures.decoupling_plot(record):
+                out[root.parent / name] = figures.decoupling_figure(record)
     return out
-
-
-def draw(path: Path, curves: list[tuple[str, list[list[float]]]], title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for label, points in curves:
-        ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.8, label=label)
-    ax.set_xlabel("wall-clock seconds")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.savefig(path, dpi=90, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
 
 
 def stale(root: Path = data.DATA) -> list[str]:
@@ -160,7 +148,7 @@ def write(root: Path = data.DATA) -> list[Path]:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             changed.append(path)
-    for path, curves in plots(root).items():
-        draw(path, curves)
-        changed.append(path)
+    for path, (title, arms) in plots(root).items():
+        if figures.write(path, title, arms):
+            changed.append(path)
     return changed

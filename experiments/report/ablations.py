@@ -32,7 +32,9 @@ def page(rows: list[dict[str, Any]]) -> str:
     body = []
     for r in rows:
         end = f"{md.pct(r['with']['end'])} / {md.pct(r['without']['end'])}" if r["with"]["end"] is not None else "-"
-        marker = "" if r["times_from"] == "first step" else " (from launch)"
+        times = versus(r)
+        if r["times_from"] != "first step" and times != "-":
+            times += " (from launch)"
         data = r.get("data")
         body.append(
             [
@@ -41,7 +43,7 @@ def page(rows: list[dict[str, Any]]) -> str:
                 f"{r['task']}, {r['minutes']:g} min",
                 r["seeds"],
                 md.cpu(r["machine"]),
-                versus(r) + marker,
+                times,
                 end,
                 r["outcome"],
                 r.get("other") or "",

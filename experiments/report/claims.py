@@ -94,7 +94,7 @@ def diversity_claim(records: Records) -> dict[str, Any] | None:
     end, matched = (mean(tb, "end"), mean(grpo, "end")), (mean(tb, "matched"), mean(grpo, "matched"))
     return entry(
         "diversity",
-        "Off-policy sampling keeps more distinct correct answers",
+        "(2) Off-policy sampling keeps more distinct correct answers",
         "diversity.md",
         record,
         [name],
@@ -126,7 +126,7 @@ def redteam_claim(records: Records) -> dict[str, Any] | None:
     arms = list(by_budget.values())
     return entry(
         "redteam",
-        "More search finds more successes on a sparse reward",
+        "(3) More search finds more successes on a sparse reward",
         "redteam.md",
         record,
         [name],
@@ -150,7 +150,7 @@ def environments_claim(records: Records) -> dict[str, Any] | None:
     start, end = round(s["accuracy_start"]["mean"], 3), round(s["accuracy_end"]["mean"], 3)
     return entry(
         "environments",
-        "A multi-turn environment (a calculator tool) is learned with TB",
+        "A multi-turn tool environment is learned with TB",
         "environments.md",
         record,
         [name],
@@ -172,7 +172,7 @@ def demo_claim(records: Records) -> dict[str, Any] | None:
     return {
         **entry(
             "demo",
-            "`make demo` trains the tiny model past 90% in 10 minutes",
+            "`make demo`: the whole system for 10 minutes",
             "demo.md",
             run,
             [name],
@@ -195,9 +195,9 @@ def demo_claim(records: Records) -> dict[str, Any] | None:
 
 
 CLAIMS: list[Callable[[Records], dict[str, Any] | None]] = [
-    lambda r: decoupling_claim(r, "arithmetic", "decoupling", "Decoupling search from training halves the time"),
+    lambda r: decoupling_claim(r, "arithmetic", "decoupling", "(1) Decoupling search from training speeds training up"),
     lambda r: decoupling_claim(
-        r, "calculator", "decoupling-generation-heavy", "Decoupling where generation dominates the cycle"
+        r, "calculator", "decoupling-generation-heavy", "(1) The same where generation dominates the cycle"
     ),
     diversity_claim,
     redteam_claim,

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from experiments.report import md
+from experiments.report import md, plots
 
 Record = dict[str, Any]
 PAGES = {"arithmetic": "decoupling.md", "calculator": "decoupling-calculator.md"}
@@ -152,13 +152,15 @@ def page(records: list[tuple[str, Record]], task: str) -> str:
         "synchronous: the ratio of the seeds' mean times, with the range of the per-seed ratios. "
         f"At or below 0.5 (bold) at {', '.join(md.target(t) for t in headline)}, decoupling halves the time.",
         "",
-        "## Current result",
-        "",
     ]
     current = latest_current(records, task)
-    if not current:
-        lines += ["No record at the current defaults yet.", ""]
-    for _, (name, record) in current.items():
+    if current:
+        lines += ["## Current result", ""]
+    else:  # nothing measured with today's defaults: the newest record of each budget, with what differs
+        current = {r["minutes"]: (n, r) for n, r in records}
+        lines += ["## Latest result", "", "No record at the current defaults yet. The newest records differ in:", ""]
+        lines += [f"- {m:g} minutes: {deviations(r)}." for m, (_, r) in sorted(current.items())] + [""]
+    for _, (name, record) in sorted(current.items()):
         lines.append(
             f"- {record['minutes']:g} minutes: {md.cpu(record['machine'])}, {record['machine']['cores']} cores, "
             f"{seeds(record)} seeds, {md.date(record)}; data {md.data_link('decoupling', name)}."
@@ -173,6 +175,9 @@ def page(records: list[tuple[str, Record]], task: str) -> str:
             for _, (_, record) in current.items()
         ]
         lines += md.table(header, rows) + [""]
+        for _, (_, record) in current.items():
+            if plot := plots.decoupling_plot(record):
+                lines += [f"![held-out accuracy against time, {record['minutes']:g} minutes]({plot})", ""]
     spans = current_range(records, task)
     if spans:
         count = sum(1 for _, r in records if is_current(r))
@@ -186,7 +191,8 @@ def page(records: list[tuple[str, Record]], task: str) -> str:
     lines += ["## Every record at the current defaults", ""]
     header = ["date", "CPU", "budget", "seeds", "sync cycle (s)", *(md.target(t) for t in targets)]
     header += [f"{grid} {' / '.join(md.target(t) for t in headline)}", "code differences", "data"]
-    lines += md.table(header, record_rows(records, task, current=True)) + [""]
+    rows = record_rows(records, task, current=True)
+    lines += (md.table(header, rows) if rows else ["None yet."]) + [""]
     lines += ["## Records with earlier defaults", ""]
     header = ["date", "CPU", "budget", "seeds", "sync cycle (s)", "settings that differ from today's"]
     header += [*(md.target(t) for t in targets), f"{grid} {' / '.join(md.target(t) for t in headline)}", "data"]

@@ -15,11 +15,19 @@ def header(title: str, intro: list[str]) -> list[str]:
     return [f"# {title}", "", md.BANNER, "", *intro]
 
 
+def code(record: Record) -> str:
+    """The code a record measured: its commit, or where its figures were first recorded."""
+    return f"commit `{record['commit']}`" if record.get("commit") else f"recorded in `{record.get('recorded_in')}`"
+
+
 def provenance(name: str, experiment: str, record: Record) -> str:
-    """One line: where and when a record was measured, and its data file."""
-    where = f"{md.cpu(record.get('machine'))}, {(record.get('machine') or {}).get('cores', '?')} cores"
-    code = f"commit `{record['commit']}`" if record.get("commit") else f"recorded in `{record.get('recorded_in')}`"
-    return f"{where}; {md.date(record)}; {code}; data {md.data_link(experiment, name)}."
+    """Where and when a record was measured, and its data file. Records carry no settings that differ from the
+    defaults of their code; this says whose defaults those were."""
+    machine = record.get("machine") or {}
+    return (
+        f"CPU: {md.cpu(machine)}, {machine.get('cores', '?')} cores; {md.date(record)}; {code(record)}; data "
+        f"{md.data_link(experiment, name)}. Measured with the defaults of that code."
+    )
 
 
 def runs_spread(runs: list[dict[str, Any]], *path: str) -> dict[str, Any]:
@@ -51,7 +59,7 @@ def diversity(records: list[tuple[str, Record]]) -> str:
     )
     for i, (name, record) in enumerate(reversed(records)):
         seeds = max(len(a["runs"]) for a in record["arms"].values())
-        lines += ["## Current result" if i == 0 else f"## Earlier: {seeds} seed(s)", ""]
+        lines += ["## Latest result" if i == 0 else f"## Earlier: {seeds} seed(s)", ""]
         lines += [provenance(name, "diversity", record), ""]
         body = []
         for arm_name, arm in record["arms"].items():
@@ -64,6 +72,9 @@ def diversity(records: list[tuple[str, Record]]) -> str:
                     md.spread(runs_spread(runs, "end", "greedy_accuracy"), "{:.1f}", 100, "%"),
                     md.spread(runs_spread(runs, "matched", "distinct_correct"), "{:.2f}"),
                     md.spread(runs_spread(runs, "matched", "sampled_accuracy"), "{:.1f}", 100, "%"),
+                    " / ".join(
+                        md.num(distinct_per_correct(runs, when, record["samples"])) for when in ("matched", "end")
+                    ),
                     md.spread(runs_spread(runs, "trainer_steps")),
                 ]
             )
@@ -75,12 +86,20 @@ def diversity(records: list[tuple[str, Record]]) -> str:
                 "greedy accuracy, end",
                 f"distinct correct / prompt, matched ({md.pct(record['matched_accuracy'])} greedy)",
                 "sampled accuracy, matched",
+                "distinct per correct sample, matched / end",
                 "trainer steps",
             ],
             body,
         )
         lines += ["", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
     return "\n".join(lines)
+
+
+def distinct_per_correct(runs: list[dict[str, Any]], when: str, samples: int) -> float:
+    """Distinct correct answers per correct sample (ratio of the means): how spread out the correct answers are,
+    apart from how often an arm is right."""
+    distinct = statistics.mean(r[when]["distinct_correct"] for r in runs)
+    return distinct / (statistics.mean(r[when]["sampled_accuracy"] for r in runs) * samples)
 
 
 # --- claim (3): search on a sparse reward -------------------------------------------------------------------------
@@ -96,7 +115,7 @@ def redteam(records: list[tuple[str, Record]]) -> str:
             "20,000 samples. The trainer's budget is fixed: CPU 1, a checkpoint every 32 steps. The search budget "
             "varies: the batches the searcher (CPU 0) may generate per policy version.",
             "",
-            "## Current result",
+            "## Latest result",
             "",
             provenance(name, "redteam", record),
             "",
@@ -117,7 +136,7 @@ def redteam(records: list[tuple[str, Record]]) -> str:
                 md.spread(runs_spread(runs, "sampled_success"), "{:.1f}", 100, "%"),
                 md.spread(runs_spread(runs, "greedy_success"), "{:.1f}", 100, "%"),
                 md.spread(summary.get("distinct_final"), "{:.2f}"),
-                md.spread(summary.get("time_to_target"), unit=" s"),
+                md.spread(summary.get("time_to_target")),
             ]
         )
     lines += md.table(
@@ -129,7 +148,7 @@ def redteam(records: list[tuple[str, Record]]) -> str:
             "policy success, sampled",
             "policy success, greedy",
             "distinct successes / prompt, 16 samples",
-            f"time to {md.target(record['target'])} greedy",
+            f"time to {md.target(record['target'])} greedy (s)",
         ],
         body,
     )
@@ -151,14 +170,21 @@ def environments(records: list[tuple[str, Record]]) -> str:
             "trainer sharing the cores, from the task's SFT base, held-out greedy accuracy every "
             f"{record['evaluation']['every_s']:g} s on {record['evaluation']['prompts']} prompts.",
             "",
-            "## Current result",
+            "## Latest result",
             "",
             provenance(name, "environments", record),
             "",
         ],
     )
     lines += md.table(
-        ["seeds", "start", "lowest", "end", *(f"time to {md.target(t)}" for t in record["targets"]), "trainer steps"]
+        [
+            "seeds",
+            "start",
+            "lowest",
+            "end",
+            *(f"time to {md.target(t)} (s)" for t in record["targets"]),
+            "trainer steps",
+        ]
         + ["model turns / trajectory", "environment tokens / trajectory", "failed episodes"],
         [
             [
@@ -166,7 +192,7 @@ def environments(records: list[tuple[str, Record]]) -> str:
                 md.spread(s["accuracy_start"], "{:.1f}", 100, "%"),
                 md.spread(s["accuracy_lowest"], "{:.1f}", 100, "%"),
                 md.spread(s["accuracy_end"], "{:.1f}", 100, "%"),
-                *(md.spread(s["time_to"][str(t)], unit=" s") for t in record["targets"]),
+                *(md.spread(s["time_to"][str(t)]) for t in record["targets"]),
                 md.spread(s["trainer_steps"]),
                 md.spread(s["turns"], "{:.2f}"),
                 md.spread(s["env_tokens"], "{:.2f}"),
@@ -220,6 +246,7 @@ def demo(records: list[tuple[str, Record]]) -> str:
             md.cpu(r["machine"]),
             f"`{r['command']}`",
             md.settings(r["deviations"]),
+            code(r),
             md.pct(r["accuracy"]["start"]),
             md.pct(r["accuracy"]["end"]),
             md.seconds(r["time_to"]["0.5"]),
@@ -231,7 +258,8 @@ def demo(records: list[tuple[str, Record]]) -> str:
     ]
     lines += ["## Every run", ""]
     lines += md.table(
-        ["date", "CPU", "command", "settings that differ", "start", "end", "50% at", "90% at", "steps", "note"], body
+        ["date", "CPU", "command", "settings that differ", "code", "start", "end", "50% at", "90% at", "steps", "note"],
+        body,
     )
     return "\n".join([*lines, ""])
 

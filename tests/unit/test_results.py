@@ -132,3 +132,22 @@ def test_a_decoupling_record_renders_as_the_claim_s_current_result(tmp_path: Pat
     records.write("decoupling", name, json.loads(json.dumps(rec)), data)
     page = report.build(data)[tmp_path / "results" / "decoupling.md"]
     assert "## Current result" in page and "**0.40**" in page and name in page
+
+
+def test_a_demo_run_joins_the_demo_record_and_becomes_its_current_result(tmp_path: Path) -> None:
+    from experiments import demo
+
+    results = tmp_path / "results"
+    shutil.copytree(records.DATA, results / "data")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    evaluations = [{"t": 30.0 * i, "version": i, "accuracy": a} for i, a in enumerate([0.345, 0.52, 0.8, 0.912])]
+    (run_dir / "summary.json").write_text(
+        json.dumps({"state": "complete", "evaluations": evaluations, "trainer_steps": 4321})
+    )
+    assert demo.main([str(run_dir), "--results", str(results)]) == 0
+    record = json.loads((results / "data" / "demo" / "demo-runs.json").read_text())
+    run = record["runs"][-1]
+    assert run["time_to"] == {"0.5": 30.0, "0.9": 90.0} and run["deviations"] == {} and run["trainer_steps"] == 4321
+    page = report.build(results / "data")[results / "demo.md"]
+    assert "34.5% → **91.2%**, 50% at **30 s**, 4,321 trainer steps" in page
