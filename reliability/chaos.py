@@ -46,7 +46,8 @@ compared with the ids of the stored groups (the buffer keeps them for its dedup 
 reader also follows the stream during the run, so an entry Redis acknowledged and then lost in a
 kill would show up as published but missing.
 
-The test suite runs a short form (tests/reliability/test_chaos.py) with the same criteria.
+The test suite runs a short form (tests/reliability/test_chaos.py: ``--minutes 4 --kills 1``, its findings read
+from ``--result``) with the same criteria.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ from typing import Any, TypeVar
 import httpx
 import redis
 
-from reliability.report import finish, table
+from reliability.report import finish, table, write_result
 from reliability.services import ROOT
 from tba.checkpoints import CheckpointError, CheckpointStore, parse_manifest
 from tba.codec import unpack
@@ -528,7 +529,21 @@ def checkpoint_volume_full(system: System, audit: Audit, fault: Fault) -> None:
 def disk_full_verdict(figures: dict[str, Any], reasons: Counter[str], kept_ok: bool) -> tuple[bool, str]:
     """Whether the full-disk fault was survived, and how, from what was measured. A trainer that logged no
     failed write fails this criterion (the fault did not bite, or its log lines changed wording), with that
-    said, instead of ending the run."""
+    said, instead of ending the run (``python -m doctest reliability/chaos.py`` checks these examples):
+
+    >>> figures = {"failed_writes": 3, "steps_meanwhile": 12, "kept": 7, "published_again_after_s": 4.2}
+    >>> ok, outcome = disk_full_verdict(figures, Counter({"File too large (os error 27)": 3}), kept_ok=True)
+    >>> ok, outcome.split("; ")[1:]
+    (True, ['v7 stayed LATEST and verified', 'next checkpoint 4.2 s after the writes worked again'])
+    >>> outcome.split("; ")[0]
+    'trainer logged 3 failed checkpoint writes (e.g. "File too large (os error 27)") and trained on (12 steps)'
+    >>> ok, outcome = disk_full_verdict({**figures, "failed_writes": 0}, Counter(), kept_ok=True)
+    >>> ok, outcome.split(" and ")[0]
+    (False, 'trainer logged 0 failed checkpoint writes (no reason found in its log)')
+    >>> ok, outcome = disk_full_verdict(figures, Counter({"EFBIG": 3}), kept_ok=False)
+    >>> ok, "v7 stayed LATEST and did NOT verify" in outcome
+    (False, True)
+    """
     failed = figures["failed_writes"]
     said = f'e.g. "{reasons.most_common(1)[0][0]}"' if reasons else "no reason found in its log"
     ok = failed > 0 and kept_ok and figures["steps_meanwhile"] > 0
@@ -843,8 +858,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--calm", type=float, default=ChaosConfig.calm_seconds, help="Seconds without faults at the end."
     )
+    parser.add_argument(
+        "--eval-every", type=float, default=ChaosConfig.eval_every, help="Seconds between held-out evaluations."
+    )
+    parser.add_argument(
+        "--eval-prompts", type=int, default=ChaosConfig.eval_prompts, help="Held-out prompts per evaluation."
+    )
+    parser.add_argument("--base-model", type=Path, default=None, help="Base model (default: the cached SFT base).")
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default runs/chaos-<timestamp>).")
     parser.add_argument("--no-report", action="store_true", help="Do not write the chaos section of RELIABILITY.md.")
+    parser.add_argument("--result", type=Path, default=None, help="Also write what the run found as JSON here.")
     args = parser.parse_args(argv)
     config = ChaosConfig(
         minutes=args.minutes,
@@ -853,10 +876,15 @@ def main(argv: list[str] | None = None) -> int:
         outage_seconds=args.outage,
         disk_full_seconds=args.disk_full,
         calm_seconds=args.calm,
+        eval_every=args.eval_every,
+        eval_prompts=args.eval_prompts,
+        base_model=args.base_model,
     )
     run_dir = (args.run_dir or ROOT / "runs" / time.strftime("chaos-%Y%m%d-%H%M%S")).resolve()
     result = run_chaos(config, run_dir)
     print(f"chaos: run directory {run_dir}")
+    if args.result:
+        write_result(args.result, result, result.problems(), parts=config.parts)
     return finish(
         "chaos", markdown(result), result.problems(), sys.argv[1:] if argv is None else argv, write=not args.no_report
     )

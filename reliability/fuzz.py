@@ -32,7 +32,6 @@ import secrets
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -45,12 +44,11 @@ import httpx
 import msgpack
 
 from reliability.payloads import REFERENCE, TEMPERATURE, group_dict
-from reliability.report import finish, table
-from reliability.services import BufferProcess
+from reliability.report import finish, table, write_result
+from reliability.services import BufferProcess, suite_redis
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
 from tba.redis_client import sync_client
-from tba.redis_server import RedisServer
 
 # The buffer's size limit during the run: small enough that the oversized poison entries (and any
 # body schemathesis generates past it) stay cheap to hold in Redis, well above any valid message here.
@@ -479,7 +477,7 @@ def run_poison(
 
 @dataclass
 class FuzzResult:
-    schemathesis: SchemathesisResult
+    schemathesis: SchemathesisResult | None  # None: not run (--max-examples 0)
     poison: PoisonResult
     buffer_ready_after: bool
     buffer_stopped_cleanly: bool
@@ -487,7 +485,18 @@ class FuzzResult:
 
     def problems(self) -> list[str]:
         """Every way the run missed its pass criteria (empty: it passed)."""
+        out = self.schemathesis_problems() if self.schemathesis is not None else []
+        out += self.poison.problems
+        if not self.buffer_ready_after:
+            out.append("the buffer was not alive and ready after the run")
+        if not self.buffer_stopped_cleanly:
+            out.append("the buffer did not shut down gracefully on SIGTERM after the run")
+        return out
+
+    def schemathesis_problems(self) -> list[str]:
+        """How the schemathesis run missed its criteria: 5xx answers, failed checks, no answers, too few cases."""
         st = self.schemathesis
+        assert st is not None
         out = [f"{st.server_errors} responses with a 5xx status"] if st.server_errors else []
         out += [
             f"{f.check} ({f.code} {f.title}) on {f.operation}, {f.count} cases; answer {f.answer!r}; "
@@ -497,11 +506,6 @@ class FuzzResult:
         out += [f"no answer: {e}" for e in st.errors]
         if st.cases < self.min_cases:
             out.append(f"only {st.cases} cases generated, fewer than {self.min_cases}")
-        out += self.poison.problems
-        if not self.buffer_ready_after:
-            out.append("the buffer was not alive and ready after the run")
-        if not self.buffer_stopped_cleanly:
-            out.append("the buffer did not shut down gracefully on SIGTERM after the run")
         return out
 
 
@@ -530,7 +534,8 @@ def fuzz(
     seed: int | None = None,
     schemathesis_timeout: float = 3600.0,
 ) -> FuzzResult:
-    """The whole suite against a fresh buffer on ``redis_url`` (an empty Redis of the caller's)."""
+    """The whole suite against a fresh buffer on ``redis_url`` (an empty Redis of the caller's); schemathesis
+    only if ``max_examples`` is above 0."""
     buffer = BufferProcess(
         redis_url,
         workdir / "buffer.log",
@@ -543,8 +548,10 @@ def fuzz(
     try:
         # Poison first, on an empty dead-letter stream; schemathesis may add valid groups of its own after.
         poison = run_poison(buffer, redis_url, poison_repeats)
-        seed_buffer(buffer)
-        st = run_schemathesis(buffer, workdir, max_examples, seed, schemathesis_timeout)
+        st = None
+        if max_examples > 0:
+            seed_buffer(buffer)
+            st = run_schemathesis(buffer, workdir, max_examples, seed, schemathesis_timeout)
         ready = buffer.alive() and buffer.ready()
     finally:
         stopped = buffer.stop()
@@ -558,16 +565,47 @@ def render(result: FuzzResult) -> str:
     st, po = result.schemathesis, result.poison
     problems = result.problems()
     all_stored = not any("valid groups stored" in p for p in po.problems)
+    http = (
+        f"{st.cases} schemathesis cases, {st.server_errors} × 5xx, {len(st.failures)} distinct check failures"
+        if st
+        else "schemathesis not run"
+    )
     lines = [
-        f"**{'PASS' if not problems else 'FAIL'}**: {st.cases} schemathesis cases, {st.server_errors} × 5xx, "
-        f"{len(st.failures)} distinct check failures; {po.poison_sent} poison stream entries, "
+        f"**{'PASS' if not problems else 'FAIL'}**: {http}; "
+        f"{po.poison_sent} poison stream entries, "
         f"{sum(o.with_reason for o in po.outcomes)} dead-lettered with a reason naming the problem; "
         f"{po.valid_sent} valid groups sent between them, {'all' if all_stored else 'NOT all'} stored."
     ]
+    lines += ["", "### HTTP API (schemathesis)", ""]
+    lines += _schemathesis_lines(st) if st else ["Not run (`--max-examples 0`).", ""]
     lines += [
+        "### Poison stream entries",
         "",
-        "### HTTP API (schemathesis)",
+        f"XADDed straight to the trajectory stream, each kind {po.outcomes[0].sent if po.outcomes else 0} times, "
+        f"a valid group after every entry; the buffer's `max_payload_bytes` is {MAX_PAYLOAD_BYTES}. "
+        f"All {po.poison_sent + po.valid_sent} entries handled {po.drain_seconds:.1f} s after the first was "
+        f"added; "
+        f"`/v1/stats`: dead_letters {po.stats['dead_letters']}, samples_dead_lettered "
+        f"{po.stats['samples_dead_lettered']}, groups_stored {po.stats['groups_stored']} "
+        f"(valid groups sent: {po.valid_sent}).",
         "",
+    ]
+    lines.append(
+        table(
+            ["entry", "sent", "dead-lettered", "reason names it", "reason (first)"],
+            [[o.name, o.sent, o.dead_lettered, o.with_reason, _cell(o.reason[:120])] for o in po.outcomes],
+        )
+    )
+    failures = st.failures if st else []
+    others = [p for p in problems if not any(p.startswith(f"{f.check} (") for f in failures)]
+    if others:  # the check failures are in their table above
+        lines += ["### Other problems", ""] + [f"- {p[:1000]}" for p in others]
+    return "\n".join(lines) + "\n"
+
+
+def _schemathesis_lines(st: SchemathesisResult) -> list[str]:
+    """The schemathesis part of the section: the run, the responses by operation, the failures."""
+    lines = [
         f"schemathesis {st.version}, seed {st.seed}, every phase, `--checks all`, up to {st.max_examples} "
         f"examples per operation and phase, bearer token, `Accept: application/json`, JSON request bodies, "
         f"groups of the run's objective (`harness_document`); "
@@ -600,28 +638,7 @@ def render(result: FuzzResult) -> str:
         lines += ["No check failed.", ""]
     if st.errors:
         lines += ["Requests without an answer:", ""] + [f"- {e}" for e in st.errors[:20]] + [""]
-    lines += [
-        "### Poison stream entries",
-        "",
-        f"XADDed straight to the trajectory stream, each kind {po.outcomes[0].sent if po.outcomes else 0} times, "
-        f"a valid group after every entry; the buffer's `max_payload_bytes` is {MAX_PAYLOAD_BYTES}. "
-        f"All {po.poison_sent + po.valid_sent} entries handled {po.drain_seconds:.1f} s after the first was "
-        f"added; "
-        f"`/v1/stats`: dead_letters {po.stats['dead_letters']}, samples_dead_lettered "
-        f"{po.stats['samples_dead_lettered']}, groups_stored {po.stats['groups_stored']} "
-        f"(valid groups sent: {po.valid_sent}).",
-        "",
-    ]
-    lines.append(
-        table(
-            ["entry", "sent", "dead-lettered", "reason names it", "reason (first)"],
-            [[o.name, o.sent, o.dead_lettered, o.with_reason, _cell(o.reason[:120])] for o in po.outcomes],
-        )
-    )
-    others = [p for p in problems if not any(p.startswith(f"{f.check} (") for f in st.failures)]
-    if others:  # the check failures are in their table above
-        lines += ["### Other problems", ""] + [f"- {p[:1000]}" for p in others]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _row(codes: Counter[int]) -> list[object]:
@@ -637,21 +654,26 @@ def _cell(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reliability.fuzz", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-examples", type=int, default=300, help="schemathesis examples per operation and phase")
+    parser.add_argument(
+        "--max-examples", type=int, default=300, help="schemathesis examples per operation and phase (0: not run)"
+    )
     parser.add_argument("--min-cases", type=int, default=2000, help="fewest schemathesis cases the run must reach")
     parser.add_argument("--poison-repeats", type=int, default=20, help="times each poison entry is sent")
     parser.add_argument("--seed", type=int, default=None, help="schemathesis seed (default: a random one, reported)")
     parser.add_argument("--workdir", type=Path, default=None, help="where logs and reports go (default: runs/fuzz-*)")
+    parser.add_argument(
+        "--redis-url", default=None, help="an empty Redis of the caller's (default: a redis-server of the run's own)"
+    )
     parser.add_argument("--no-report", action="store_true", help="print the section instead of writing RELIABILITY.md")
+    parser.add_argument("--result", type=Path, default=None, help="also write what the run found as JSON here")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path("runs") / time.strftime("fuzz-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
-    redis_proc = RedisServer(Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))).start()
-    try:
-        result = fuzz(redis_proc.url, workdir, args.max_examples, args.min_cases, args.poison_repeats, args.seed)
-    finally:
-        redis_proc.stop()
+    with suite_redis(workdir, args.redis_url) as redis_url:
+        result = fuzz(redis_url, workdir, args.max_examples, args.min_cases, args.poison_repeats, args.seed)
     print(f"fuzz: reports in {workdir}")
+    if args.result:
+        write_result(args.result, result, result.problems())
     return finish(
         "fuzz", render(result), result.problems(), sys.argv[1:] if argv is None else argv, write=not args.no_report
     )

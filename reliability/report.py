@@ -2,11 +2,14 @@
 
 A section lives between ``<!-- section: NAME -->`` and ``<!-- /section: NAME -->``; writing one
 leaves every other section as the last run of its suite left it, so the file always shows the
-newest figures of each suite with the command and date that produced them.
+newest figures of each suite with the command and date that produced them. With ``--result FILE``
+a suite also writes what it found as JSON (:func:`write_result`): what the test suite reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import platform
 import re
@@ -15,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPORT = Path(__file__).resolve().parent.parent / "RELIABILITY.md"
 ORDER = ("chaos", "fuzz", "soak", "security")
@@ -77,3 +81,25 @@ def finish(name: str, text: str, problems: Sequence[str], argv: Sequence[str], w
         print(f"{name}: FAIL: {problem[:2000]}", file=sys.stderr)
     print(f"{name}: {'FAIL' if problems else 'PASS'}")
     return 1 if problems else 0
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON can hold it: dataclasses as objects, keys as strings, sets and tuples as lists,
+    paths as strings (``dataclasses.asdict`` would rebuild a Counter from its items, counting them)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [plain(v) for v in (sorted(value, key=str) if isinstance(value, set | frozenset) else value)]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_result(path: Path, result: Any, problems: Sequence[str], **extra: Any) -> None:
+    """A suite's result as JSON at ``path``: its fields, ``extra`` figures, every missed criterion
+    (``problems``) and the verdict (``passed``)."""
+    data = {**plain(result), **plain(extra), "problems": list(problems), "passed": not problems}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")

@@ -23,7 +23,8 @@ and a real ``tba buffer`` holding a bearer token, then checks:
    tests/deploy/test_k8s.py checks the same on every rendered overlay).
 
 The run writes the "security" section of RELIABILITY.md; tests/reliability/test_security.py runs
-the same checks (with fewer timed requests) and asserts them without writing it.
+it with fewer timed requests and ``--no-local-run`` (tests/e2e/test_local_run.py searches its own run's
+directory) and asserts the same checks from ``--result``, without writing it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import redis
 import yaml
 
 from reliability.payloads import group_dict
-from reliability.report import finish, table
+from reliability.report import finish, table, write_result
 from reliability.services import ROOT, BufferProcess
 from tba.codec import JSON_MEDIA_TYPE, pack
 from tba.keys import STREAM_FIELD, Keys
@@ -439,10 +440,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timed-requests", type=int, default=TIMED_REQUESTS, help="wrong-token requests timed per kind"
     )
+    parser.add_argument(
+        "--no-local-run", action="store_true", help="skip the short `tba up` whose run directory is searched"
+    )
     parser.add_argument("--no-report", action="store_true", help="do not rewrite RELIABILITY.md")
+    parser.add_argument("--result", type=Path, default=None, help="also write what the run found as JSON here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tba-security-") as tmp:
-        result = security(Path(tmp), args.timed_requests)
+        result = security(Path(tmp), args.timed_requests, local_run=not args.no_local_run)
+    if args.result:
+        write_result(args.result, result, result.problems())
     return finish(
         "security", render(result), result.problems(), sys.argv[1:] if argv is None else argv, write=not args.no_report
     )

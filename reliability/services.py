@@ -8,9 +8,13 @@ process a deployment runs. Its Redis is a :class:`tba.redis_server.RedisServer` 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -18,8 +22,25 @@ import httpx
 from tba.health import free_port
 from tba.local.commands import tba_command
 from tba.procs import die_with_parent
+from tba.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def suite_redis(workdir: Path, url: str | None = None) -> Iterator[str]:
+    """The URL of the Redis a suite works against: ``url``, an empty Redis of the caller's, if given; else a
+    redis-server of the run's own in a new directory under ``workdir``, stopped on leaving, its AOF removed
+    then (hundreds of MB after a soak) and its log kept."""
+    if url:
+        yield url
+        return
+    data_dir = Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))
+    try:
+        with RedisServer(data_dir) as server:
+            yield server.url
+    finally:
+        shutil.rmtree(data_dir / "appendonlydir", ignore_errors=True)
 
 
 class BufferProcess:

@@ -31,10 +31,8 @@ import argparse
 import multiprocessing as mp
 import random
 import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -48,13 +46,12 @@ import msgpack
 import redis
 
 from reliability.payloads import REFERENCE, TEMPERATURE, group_dict
-from reliability.report import finish, table
-from reliability.services import BufferProcess
+from reliability.report import finish, table, write_result
+from reliability.services import BufferProcess, suite_redis
 from tba.codec import MSGPACK_MEDIA_TYPE
 from tba.keys import STREAM_FIELD, Keys
 from tba.process_tree import cpu_seconds, rss_bytes
 from tba.redis_client import sync_client
-from tba.redis_server import RedisServer
 from tba.settings import BufferSettings
 
 GROWTH_LIMIT = 0.10  # RSS and Redis memory: at most 10% more at the end than at the end of the warm-up
@@ -687,7 +684,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-rate", type=float, default=defaults.http_rate, help="groups/s POSTed to /v1/groups")
     parser.add_argument("--sample-rate", type=float, default=defaults.sample_rate, help="most sample requests/s")
     parser.add_argument("--workdir", type=Path, default=None, help="where logs go (default: runs/soak-*)")
+    parser.add_argument(
+        "--redis-url", default=None, help="an empty Redis of the caller's (default: a redis-server of the run's own)"
+    )
     parser.add_argument("--no-report", action="store_true", help="print the section instead of writing RELIABILITY.md")
+    parser.add_argument("--result", type=Path, default=None, help="also write what the run found as JSON here")
     args = parser.parse_args(argv)
     cfg = config_for(
         args.minutes,
@@ -700,14 +701,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     workdir = args.workdir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
-    redis_dir = Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))
-    redis_proc = RedisServer(redis_dir).start()
-    try:
-        result = soak(cfg, redis_proc.url, workdir, progress=True)
-    finally:
-        redis_proc.stop()
-        shutil.rmtree(redis_dir / "appendonlydir", ignore_errors=True)  # hundreds of MB of AOF; the log stays
+    with suite_redis(workdir, args.redis_url) as redis_url:
+        result = soak(cfg, redis_url, workdir, progress=True)
     print(f"soak: logs in {workdir}")
+    if args.result:
+        write_result(args.result, result, result.problems(), errors=result.errors(), measured=result.measured)
     return finish(
         "soak",
         render(result, args.minutes),

@@ -1,73 +1,60 @@
 """Short form of the fuzz suite (reliability/fuzz.py, ``make fuzz``): same pass criteria, fewer cases.
 
-A real ``tba buffer`` process on the test's own Redis (AOF on), with a bearer token.
+``python -m reliability.fuzz`` on the test's own Redis (AOF on): a real ``tba buffer`` process with a
+bearer token, the poison entries, and (the slow test) schemathesis against its OpenAPI document.
 """
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from reliability.fuzz import (
-    MAX_FUZZ_WAIT_SECONDS,
-    MAX_PAYLOAD_BYTES,
-    poison_catalogue,
-    run_poison,
-    run_schemathesis,
-    seed_buffer,
-)
-from reliability.services import BufferProcess
-from tests.conftest import RedisServer
+from tba.redis_server import RedisServer
+from tests.reliability.suites import run_suite
 from tests.unit.buffer_factories import check_consistency
 
+POISON_KINDS = 8  # the catalogue: bad msgpack, not a map, wrong schema version, missing fields, too large, ...
 
-@pytest.fixture
-def buffer(redis_server: RedisServer, tmp_path: Path) -> Iterator[BufferProcess]:
-    proc = BufferProcess(
-        redis_server.url,
-        tmp_path / "buffer.log",
-        token=secrets.token_hex(16),
-        consumer_name="fuzz",
-        max_payload_bytes=MAX_PAYLOAD_BYTES,
-        ingest_block_ms=50,
-        max_sample_wait_seconds=MAX_FUZZ_WAIT_SECONDS,
-    ).start()
-    yield proc
-    assert proc.stop(), proc.log_tail()  # a graceful exit: nothing the fuzzing did left it stuck or dead
+
+def _fuzz(redis_server: RedisServer, tmp_path: Path, *args: object) -> dict:
+    common = ("--poison-repeats", 2, "--redis-url", redis_server.url, "--workdir", tmp_path / "fuzz")
+    return run_suite("fuzz", *common, *args, workdir=tmp_path, timeout=900)
 
 
 def test_poison_entries_are_dead_lettered_with_their_reason_and_the_ingest_goes_on(
-    buffer: BufferProcess, redis_server: RedisServer
+    redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    result = run_poison(buffer, redis_server.url, repeats=2)
-    kinds = len(poison_catalogue())
-    assert result.problems == []
-    assert [(o.name, o.dead_lettered, o.with_reason) for o in result.outcomes] == [
-        (o.name, 2, 2) for o in result.outcomes
+    result = _fuzz(redis_server, tmp_path, "--max-examples", 0, "--min-cases", 0)
+    poison = result["poison"]
+    kinds = len(poison["outcomes"])
+    assert result["problems"] == [] and result["schemathesis"] is None
+    assert kinds >= POISON_KINDS
+    assert [(o["name"], o["sent"], o["dead_lettered"], o["with_reason"]) for o in poison["outcomes"]] == [
+        (o["name"], 2, 2, 2) for o in poison["outcomes"]
     ]
-    assert result.stats["dead_letters"] == 2 * kinds and result.valid_sent == 2 * kinds
-    assert result.stats["groups_stored"] == result.valid_sent and result.stats["samples"] == 4 * kinds
-    assert result.stats["ingest"]["healthy"] and buffer.ready()
+    stats = poison["stats"]
+    assert stats["dead_letters"] == 2 * kinds and poison["valid_sent"] == 2 * kinds
+    assert stats["groups_stored"] == poison["valid_sent"] and stats["samples"] == 4 * kinds
+    assert stats["ingest"]["healthy"]
+    assert result["buffer_ready_after"] and result["buffer_stopped_cleanly"]  # nothing left it stuck or dead
     check_consistency(redis_server.client())
 
 
 @pytest.mark.slow
-def test_schemathesis_finds_no_server_error_and_no_schema_violation(
-    buffer: BufferProcess, redis_server: RedisServer, tmp_path: Path
-) -> None:
-    seed_buffer(buffer)
-    result = run_schemathesis(buffer, tmp_path / "fuzz", max_examples=30, seed=None, timeout=600)
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(redis_server: RedisServer, tmp_path: Path) -> None:
+    result = _fuzz(redis_server, tmp_path, "--max-examples", 30, "--min-cases", 300)
+    st = result["schemathesis"]
     failures = "\n".join(
-        f"{f.check} on {f.operation} ({f.count}): {f.answer}\n  {f.reproducer}" for f in result.failures
+        f"{f['check']} on {f['operation']} ({f['count']}): {f['answer']}\n  {f['reproducer']}" for f in st["failures"]
     )
-    assert result.failures == [], f"seed {result.seed}:\n{failures}"
-    assert result.server_errors == 0 and result.errors == []
-    assert result.cases >= 300, f"only {result.cases} cases"
-    assert set(result.responses) >= {"POST /v1/sample", "POST /v1/groups", "GET /v1/stats", "GET /metrics"}
-    assert result.responses["POST /v1/sample"][200] > 0, "no sample request was ever answered: the draw went untested"
-    assert result.responses["POST /v1/groups"][200] > 0, "no fuzzed group was ever stored: the write went untested"
-    assert buffer.alive() and buffer.ready()
+    assert st["failures"] == [], f"seed {st['seed']}:\n{failures}"
+    assert st["errors"] == [] and not any(int(code) >= 500 for codes in st["responses"].values() for code in codes), st[
+        "responses"
+    ]
+    assert st["cases"] >= 300, f"only {st['cases']} cases"
+    assert set(st["responses"]) >= {"POST /v1/sample", "POST /v1/groups", "GET /v1/stats", "GET /metrics"}
+    assert st["responses"]["POST /v1/sample"]["200"] > 0, "no sample request was ever answered: the draw went untested"
+    assert st["responses"]["POST /v1/groups"]["200"] > 0, "no fuzzed group was ever stored: the write went untested"
+    assert result["problems"] == [] and result["buffer_ready_after"] and result["buffer_stopped_cleanly"]
     check_consistency(redis_server.client())
