@@ -12,6 +12,23 @@ what was measured and where:
 - the experiment's own figures (each experiment's module says which), with spreads over seeds as
   :func:`summarize` makes them: ``{"mean", "sd", "min", "max", "n", "of"}``, ``n`` of ``of`` seeds having a value.
 
+Each experiment's figures (its module says how each is measured):
+
+- ``decoupling``: ``targets``, ``evaluation``, ``code_differences``; ``arms``: name -> ``mode``, ``deviations``
+  (the settings in which the arm differs from the defaults), ``peak_lr``, ``summary`` (spreads of the times to
+  each target, the end accuracy, steps, update-to-data, CPU busy) and ``runs`` (per seed: ``time_to``,
+  ``accuracy`` start / lowest / end, ``step``, ``staleness``, ``sync_cycle``, ``evaluations`` [[s, accuracy]]);
+  ``pairs``: async / sync ``time_ratio``, ``coarse_time_ratio``, ``samples_ratio`` per target; ``levers``: an
+  arm against the arm (or ``against_record``'s arm) it changes, with its ``outcome``;
+- ``diversity``: ``matched_accuracy``; per run the distinct correct answers and sampled accuracy at the end and
+  at matched accuracy;
+- ``redteam``: ``base``; per search budget its runs' samples generated, successes, distinct successes and
+  success rates;
+- ``environments``: ``summary`` and per run the accuracies, times to the targets, turns and environment tokens;
+- ``demo``: one record of every ``make demo`` run (experiments/demo.py adds one);
+- ``single-runs``: runs on shared cores with their curves; ``ablations/pilots``: levers measured in pilots, each
+  with the same session's figures without it.
+
 Fractions are fractions (accuracy 0.873, not 87.3), times are seconds, learning rates are floats.
 """
 

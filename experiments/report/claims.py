@@ -169,29 +169,27 @@ def demo_claim(records: Records) -> dict[str, Any] | None:
     current = pages.current_demo_runs(record)
     run = (current or record["runs"])[-1]
     ends = [r["accuracy"]["end"] for r in current]
-    return {
-        **entry(
-            "demo",
-            "`make demo`: the whole system for 10 minutes",
-            "demo.md",
-            run,
-            [name],
-            task="arithmetic",
-            budget=f"{record['minutes']:g} min",
-            seeds=1,
-            settings=settings_of(run, bool(current)),
-            headline={
-                "figure": "held-out greedy accuracy start -> end, and the time to 50% (from launch)",
-                "start": run["accuracy"]["start"],
-                "end": run["accuracy"]["end"],
-                "time_to_50_s": run["time_to"]["0.5"],
-                "runs_at_current_defaults": len(current),
-                "end_range_at_current_defaults": [min(ends), max(ends)] if ends else None,
-            },
-            result=f"{md.pct(run['accuracy']['start'])} → {md.pct(run['accuracy']['end'])}, 50% at "
-            f"{md.seconds(run['time_to']['0.5'])}",
-        ),
-    }
+    return entry(
+        "demo",
+        "`make demo`: the whole system for 10 minutes",
+        "demo.md",
+        run,
+        [name],
+        task="arithmetic",
+        budget=f"{record['minutes']:g} min",
+        seeds=1,
+        settings=settings_of(run, bool(current)),
+        headline={
+            "figure": "held-out greedy accuracy start -> end, and the time to 50% (from launch)",
+            "start": run["accuracy"]["start"],
+            "end": run["accuracy"]["end"],
+            "time_to_50_s": run["time_to"]["0.5"],
+            "runs_at_current_defaults": len(current),
+            "end_range_at_current_defaults": [min(ends), max(ends)] if ends else None,
+        },
+        result=f"{md.pct(run['accuracy']['start'])} → {md.pct(run['accuracy']['end'])}, 50% at "
+        f"{md.seconds(run['time_to']['0.5'])}",
+    )
 
 
 CLAIMS: list[Callable[[Records], dict[str, Any] | None]] = [

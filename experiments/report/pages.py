@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from experiments.records import summarize
 from experiments.report import md
 
 Record = dict[str, Any]
@@ -31,7 +32,7 @@ def provenance(name: str, experiment: str, record: Record) -> str:
 
 
 def runs_spread(runs: list[dict[str, Any]], *path: str) -> dict[str, Any]:
-    from experiments.records import summarize
+    """The spread over runs of the figure at ``path`` (``"end", "distinct_correct"``)."""
 
     def get(run: dict[str, Any]) -> Any:
         for key in path:

@@ -58,6 +58,9 @@ def test_claims_carry_what_a_reader_needs_and_the_readme_shows_each() -> None:
 def test_nothing_in_the_results_is_named_by_a_machine_or_a_round() -> None:
     names = [p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("*") if p.is_file()]
     assert names and not [n for n in names if ORDINAL.search(n)]
+    history = re.compile(rf"\b(?:{ORDINAL.pattern}) machine\b|\brounds?\b", re.I)
+    said = [p.name for p in records.DATA.rglob("*.json") if history.search(p.read_text())]
+    assert not said, f"records that tell a machine by its number or a round: {said}"
 
 
 def test_every_results_file_is_generated_from_data_or_listed_as_written_by_hand() -> None:
