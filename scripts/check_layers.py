@@ -18,6 +18,13 @@ still a circle), except those under ``if TYPE_CHECKING:``, which never run. A mo
 claims is an error: a new package gets a place here.
 
 ``python scripts/check_layers.py`` (``make lint``) prints each violation and exits 1 if there is any.
+
+Written here rather than as import-linter contracts, which cannot say three parts of it: a layer that is a
+package minus some of its subpackages (``tba`` minus the four above) without listing every module of it; a
+module that no layer claims, across several top-level packages (its ``exhaustive`` check works within one
+container); and no cycle between modules (its ``acyclic_siblings`` contract forbids cycles between sibling
+packages, so it rejects ``tba.model`` and ``tba.tasks`` importing each other's modules, which this contract
+allows, and it misses a module cycle across packages once that level is skipped).
 """
 
 from __future__ import annotations
