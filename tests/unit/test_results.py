@@ -154,3 +154,25 @@ def test_a_demo_run_joins_the_demo_record_and_becomes_its_current_result(tmp_pat
     assert run["time_to"] == {"0.5": 30.0, "0.9": 90.0} and run["deviations"] == {} and run["trainer_steps"] == 4321
     page = report.build(results / "data")[results / "demo.md"]
     assert "34.5% → **91.2%**, 50% at **30 s**, 4,321 trainer steps" in page
+
+
+def test_the_decoupling_command_writes_its_record_where_it_is_told(tmp_path: Path, monkeypatch) -> None:
+    """``python -m experiments.decoupling`` end to end, its runs faked: one record per budget, in --results."""
+    from experiments import decoupling
+
+    def runs(arm_list, seeds, minutes, out):
+        curves = {"async": [0.3, 0.55, 0.65, 0.75], "sync": [0.3, 0.4, 0.5, 0.6, 0.7]}
+        return {
+            a.name: [fake_run(out / a.name / f"seed-{s}", s, a.mode, 0.1, curves[a.mode]) for s in range(seeds)]
+            for a in arm_list
+        }
+
+    monkeypatch.setattr(decoupling, "run_interleaved", runs)
+    results = tmp_path / "results"
+    argv = ["--seeds", "2", "--minutes", "5", "--out", str(tmp_path / "runs"), "--results", str(results)]
+    assert decoupling.main(argv) == 0
+    (path,) = (results / "data" / "decoupling").glob("arithmetic-5min-*.json")
+    record = json.loads(path.read_text())
+    assert record["command"] == "python -m experiments.decoupling --seeds 2 --minutes 5"
+    assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2]
+    assert "## Current result" in report.build(results / "data")[results / "decoupling.md"]
