@@ -294,6 +294,9 @@ class SampledSample(_Strict):
     staleness: int = Field(description="trainer_version - version.")
     finish_reason: FinishReason = "stop"
     env_spans: list[list[int]] | None = Field(None, description="The environment's token ranges (multi-turn).")
+    searcher_id: str | None = Field(
+        None, description="The searcher whose copy of the sample was stored (None: a record older than the field)."
+    )
 
 
 class SampledGroup(_Strict):

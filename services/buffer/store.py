@@ -232,7 +232,7 @@ class BufferStore:
             args += [
                 sample_id(sample.completion_ids, sample.env_spans),
                 repr(float(sample.reward)),
-                encode_record(sample),
+                encode_record(sample, group.searcher_id),
             ]
         return args
 
@@ -427,7 +427,8 @@ class BufferStore:
         pipe.hgetall(self.keys.global_key("version_counts"))
         pipe.smembers(self.keys.global_key("searchers"))
         pipe.zcard(self.keys.global_key("groups"))
-        raw, prompts, version_counts, searchers, remembered = await pipe.execute()
+        pipe.hgetall(self.keys.global_key("searcher_samples"))
+        raw, prompts, version_counts, searchers, remembered, stored_by = await pipe.execute()
         counters = {k.decode(): v for k, v in raw.items()}
         samples = int(counters.get("samples", 0))
         reward_sum = float(counters.get("reward_sum", 0.0))
@@ -446,4 +447,6 @@ class BufferStore:
             sid, _, version = member.decode().rpartition("|")
             by_searcher.setdefault(sid, []).append(int(version))
         out["searcher_versions"] = {k: sorted(v) for k, v in sorted(by_searcher.items())}
+        # Samples each searcher added to the buffer (a completion another searcher had stored is its duplicate).
+        out["searcher_samples"] = {k.decode(): int(v) for k, v in sorted(stored_by.items())}
         return out

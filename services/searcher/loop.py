@@ -411,24 +411,27 @@ class Searcher:
             return False, warning[1]
         return True, f"engine loaded, version {self.engine.version}"
 
-    def warning(self, now: float | None = None) -> tuple[str, str] | None:
-        """(kind, reason) when the searcher does not keep up: a reload that has not returned within
-        TBA_RELOAD_TIMEOUT_SECONDS ("reload_hung"), or a served version more than TBA_MAX_STALENESS behind the
-        newest announced for longer than TBA_LAG_SECONDS ("lagging"); None when it does."""
+    def warning(self, now: float | None = None) -> tuple[str, str, float] | None:
+        """(kind, reason, seconds it has held) when the searcher does not keep up: a reload that has not returned
+        within TBA_RELOAD_TIMEOUT_SECONDS ("reload_hung"), or a served version more than TBA_MAX_STALENESS behind
+        the newest announced for longer than TBA_LAG_SECONDS ("lagging"); None when it does."""
         now = time.monotonic() if now is None else now
         s, reloading = self.settings, self.reloading
         if reloading is not None and now - reloading[1] > s.reload_timeout_seconds:
-            return "reload_hung", (
-                f"the reload to v{reloading[0]} has not returned after {now - reloading[1]:.0f} s "
+            held = now - reloading[1]
+            reason = (
+                f"the reload to v{reloading[0]} has not returned after {held:.0f} s "
                 f"(TBA_RELOAD_TIMEOUT_SECONDS={s.reload_timeout_seconds:g})"
             )
+            return "reload_hung", reason, held
         lag = self.watcher.lag.state(self.engine.version, now)
         if lag.lagging:
-            return "lagging", (
+            reason = (
                 f"serving v{lag.served}, {lag.behind} versions behind the newest announced v{lag.newest} "
                 f"(more than TBA_MAX_STALENESS={s.max_staleness}) for {lag.over_seconds:.0f} s "
                 f"(TBA_LAG_SECONDS={s.lag_seconds:g})"
             )
+            return "lagging", reason, lag.over_seconds
         return None
 
     def status(self) -> dict:
@@ -449,6 +452,7 @@ class Searcher:
             "reload_hung": int(warning is not None and warning[0] == "reload_hung"),
             "warning": None if warning is None else warning[1],
             "warning_kind": None if warning is None else warning[0],
+            "warning_seconds": None if warning is None else round(warning[2], 3),
             "version_lag_mean": None if tally.lag_mean is None else round(tally.lag_mean, 3),
             "version_lag_max": tally.lag_max,
             "samples_too_stale": tally.too_stale,

@@ -40,6 +40,7 @@ class Row:
     staleness: int
     env_spans: list[list[int]] | None = None  # multi-turn: the environment's tokens of the completion
     log_behaviour: float = math.nan  # log mu(y|x): the generating policy's log-prob, as its searcher sent it
+    searcher_id: str | None = None  # the searcher that generated it (None: the buffer did not say)
 
     @property
     def length(self) -> int:
@@ -92,6 +93,7 @@ def rows_from_batch(
                     s.staleness,
                     s.env_spans,
                     s.logprob_sum,
+                    s.searcher_id,
                 )
             )
     return rows, problems

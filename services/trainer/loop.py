@@ -21,6 +21,7 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+UNKNOWN_SEARCHER = "(unknown)"  # samples whose stored record names no searcher
 PUBLISH_RETRY_SECONDS = 5.0  # how often a failed checkpoint write is retried while the trainer waits
 WAIT_LOG_SECONDS = 10.0  # a wait for a batch longer than this is logged, with why
 
@@ -443,7 +445,10 @@ class Trainer:
         self.beta = beta
         self.samples_seen += result.samples
         self.tokens_seen += result.tokens
-        self.metrics.record(self.step, beta, result, wait_s, wait_reason, self.reuse.ratio(self.samples_seen))
+        by_searcher = Counter(row.searcher_id or UNKNOWN_SEARCHER for row in rows)
+        self.metrics.record(
+            self.step, beta, result, wait_s, wait_reason, self.reuse.ratio(self.samples_seen), by_searcher
+        )
         return True
 
     # ---- checkpoints --------------------------------------------------------------------------------------

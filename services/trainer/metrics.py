@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ class TrainerMetrics:
             "staleness": {},
             "staleness_mean": None,
             "buffer_failures": 0,
+            "samples_trained_by_searcher": {},  # this process's steps, by the searcher that generated the samples
         }
         r = self.registry
         self.g = {
@@ -152,7 +154,9 @@ class TrainerMetrics:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return dict(self._status)
+            out = dict(self._status)
+            out["samples_trained_by_searcher"] = dict(out["samples_trained_by_searcher"])
+            return out
 
     def record(
         self,
@@ -162,8 +166,10 @@ class TrainerMetrics:
         wait_s: float,
         wait_reason: str | None = None,
         reuse: float | None = None,
+        by_searcher: Mapping[str, int] | None = None,
     ) -> dict[str, Any]:
-        """Publish one step's figures everywhere; return the row written to the metrics file."""
+        """Publish one step's figures everywhere; return the row written to the metrics file. ``by_searcher``: the
+        step's samples by the searcher that generated them."""
         m = result.metrics
         n = max(1, result.samples)
         staleness_mean = sum(s * c for s, c in result.staleness.items()) / n
@@ -190,6 +196,7 @@ class TrainerMetrics:
             "tokens_per_s": result.tokens / max(result.seconds, 1e-9),
             "staleness_mean": staleness_mean,
             "staleness_hist": {str(k): v for k, v in result.staleness.items()},
+            "samples_by_searcher": dict(by_searcher or {}),
         }
         if "mixed_prompts" in m:
             row["mixed_fraction"] = m["mixed_prompts"] / max(1, result.prompts)
@@ -219,6 +226,9 @@ class TrainerMetrics:
             )
             self._status["waiting_for"] = None
             self._status["staleness"] = row["staleness_hist"]
+            trained = self._status["samples_trained_by_searcher"]
+            for searcher, count in (by_searcher or {}).items():
+                trained[searcher] = trained.get(searcher, 0) + count
         if self.tracker is not None:
             self.tracker.scalars(step, {k: v for k, v in row.items() if k not in ("ts", "step")}, prefix="trainer")
             self.tracker.histogram(step, "trainer/staleness", result.staleness)

@@ -155,6 +155,8 @@ SEARCHER_STYLES: dict[str, str] = {  # StrEnum members are their strings
     SearcherState.STOPPED: "blue",
 }
 TRAINER_STYLES = {"training": "green", "warmup": "yellow", "waiting": "yellow", "done": "blue"}
+# A searcher's warning (its /status ``warning_kind``), as its row's state says it.
+WARNINGS = {"lagging": "lagging", "reload_hung": "reload hung"}
 
 
 def _state(status: dict[str, Any]) -> Text:
@@ -232,13 +234,16 @@ def _searchers_panel(snap: Snapshot) -> Panel:
         version = st.get("version")
         lag = trainer_version - version if isinstance(trainer_version, int) and isinstance(version, int) else None
         reload_ms = st.get("reload_ms_last")
+        warning = st.get("warning_kind")
+        over = bool(st.get("lag_over_bound_s"))  # more than the staleness bound behind, not yet for long
         table.add_row(
             name,
-            _state(st),
+            Text(WARNINGS[warning], style="bold red") if warning in WARNINGS else _state(st),
             _fmt(version),
-            _fmt(lag),
+            Text(_fmt(lag), style="yellow" if over else ""),
             _fmt(st.get("samples_per_s"), ".1f"),
             "-" if reload_ms is None else f"{reload_ms:.0f} ms",
+            style="yellow" if warning else None,  # the whole row: this searcher does not keep up
         )
     return Panel(table, title="searchers", title_align="left")
 
@@ -282,7 +287,11 @@ def render(snap: Snapshot, events: list[str], budget_s: float | None = None, tit
 def one_line(snap: Snapshot) -> str:
     """One progress line for a log (stdout not a terminal)."""
     tr, bf = snap.trainer, snap.buffer
-    versions = ",".join(f"{n}=v{_fmt(s.get('version'))}" for n, s in sorted(snap.searchers.items()))
+    versions = ",".join(
+        f"{n}=v{_fmt(s.get('version'))}"
+        + (f" ({WARNINGS[s['warning_kind']]}!)" if s.get("warning_kind") in WARNINGS else "")
+        for n, s in sorted(snap.searchers.items())
+    )
     acc = snap.accuracy[-1][1] if snap.accuracy else None
     return (
         f"[{snap.t:5.0f}s] trainer step {_fmt(tr.get('step'))} v{_fmt(tr.get('version'))}"

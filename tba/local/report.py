@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from tba.local.searcher_accounts import account_line, searcher_accounts, spans_as_dicts, warning_spans
+
 TARGETS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 MAX_CELL = 120  # characters: a summary cell holds a short text, never a list
 
@@ -96,6 +98,9 @@ def build_summary(run: RunFacts, versions_published: Iterable[int], final_stats:
     evals = run.evals
     steps = read_jsonl(run.run_dir / "trainer_metrics.jsonl")
     stale = staleness_counts(steps)
+    timeline = read_jsonl(run.run_dir / "timeline.jsonl")
+    spans = warning_spans(timeline)
+    run_end = timeline[-1]["t"] if timeline else 0.0
     return {
         "task": run.task,
         "mode": run.mode,
@@ -103,6 +108,8 @@ def build_summary(run: RunFacts, versions_published: Iterable[int], final_stats:
         "searchers": run.searchers,
         "versions_published": sorted(set(versions_published)),
         "searcher_versions": final_stats.get("searcher_versions", {}),
+        "searcher_accounts": searcher_accounts(timeline, steps, final_stats),
+        "searcher_warnings": spans_as_dicts(spans),
         "groups_published": final_stats.get("stream_entries_added"),
         "groups_stored": final_stats.get("groups_stored"),
         "buffer": {k: v for k, v in final_stats.items() if k != "searcher_versions"},
@@ -113,7 +120,7 @@ def build_summary(run: RunFacts, versions_published: Iterable[int], final_stats:
         "evaluations": evals,
         "time_to_accuracy_s": {f"{t:.2f}": time_to_accuracy(evals, t) for t in TARGETS},
         "restarts": run.restarts,
-        "events": run.events,
+        "events": [*run.events, *(span.as_event(run_end) for span in spans)],
         "wall_seconds": round(time.time() - run.started_at, 1),
         "started_at": run.started_at,
     }
@@ -179,6 +186,7 @@ def summary_rows(summary: dict[str, Any], timeline: list[dict[str, Any]]) -> lis
             + (f" (last v{versions[-1]})" if versions else ""),
         ),
         ("samples generated", _count(samples_generated(timeline))),
+        *((name, account_line(a)) for name, a in (summary.get("searcher_accounts") or {}).items()),
         (
             "samples ingested / stored",
             f"{_count(ingested)} / {_count(b.get('samples'))} in {_count(b.get('prompts'))} prompts",

@@ -76,7 +76,27 @@ async def test_resent_and_redelivered_groups_are_stored_once(make_ingestor, redi
     await drain(ing)
     stats = await ing.store.stats()
     assert stats["samples"] == 3 and stats["samples_duplicate"] == 6 and stats["samples_ingested"] == 9
+    assert stats["searcher_samples"] == {"s0": 3}  # stored once, counted once
     check_consistency(sync)
+
+
+async def test_each_searcher_is_credited_with_the_samples_it_added_and_they_are_served_with_its_id(
+    make_ingestor, redis_server
+) -> None:
+    ing = await make_ingestor()
+    sync = redis_server.client()
+    first = make_group("p", rewards=[1.0, 0.0], tokens=[[7, 8], [9, 10]], searcher_id="s-a")
+    # s-b generates one completion s-a already stored (a duplicate: counted as s-a's, served as the newest copy,
+    # s-b's, whose log-prob it carries) and one new one.
+    second = make_group("p", rewards=[1.0, 0.5], tokens=[[7, 8], [11, 12]], searcher_id="s-b|odd")
+    xadd_groups(sync, [first, second])
+    await drain(ing)
+    stats = await ing.store.stats()
+    assert stats["samples"] == 3 and stats["searcher_samples"] == {"s-a": 2, "s-b|odd": 1}
+    batch = await served(Sampler(ing.store), SampleRequest(num_prompts=1, samples_per_prompt=8, trainer_version=0))
+    expected = {(7, 8): "s-b|odd", (9, 10): "s-a", (11, 12): "s-b|odd"}
+    got = {tuple(s.completion_ids): s.searcher_id for g in batch.groups for s in g.samples}
+    assert got and all(expected[tokens] == searcher for tokens, searcher in got.items()), got
 
 
 async def test_bad_entries_are_dead_lettered_with_reason_and_never_block(make_ingestor, redis_server) -> None:

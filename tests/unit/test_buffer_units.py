@@ -13,8 +13,9 @@ from services.buffer import redis_scripts
 from services.buffer.auth import BearerAuth
 from services.buffer.errors import ApiError
 from services.buffer.metrics import RateTracker
-from services.buffer.records import PromptView, encode_record, sample_id, served_group
+from services.buffer.records import RECORD_FIELDS, PromptView, encode_record, sample_id, served_group
 from services.buffer.sampler import RECENCY, REWARD, Thresholds, choose_samples, draw_branches, softmax
+from tba.codec import pack
 from tba.schemas import SampledGroup, SampledSample
 from tests.unit.buffer_factories import make_sample
 
@@ -87,7 +88,7 @@ def test_sample_ids_depend_on_tokens_only_and_records_are_served_as_stored() -> 
     view = PromptView(
         "p", [5, 6], "text", "task", [b"id-a", b"id-b"], versions=[2, 3], rewards=[0.5, 1.0], copies=[1, 1]
     )
-    group = SampledGroup.model_validate(served_group(view, "reward", [1], [encode_record(a)], trainer_version=5))
+    group = SampledGroup.model_validate(served_group(view, "reward", [1], [encode_record(a, "s-1")], trainer_version=5))
     assert (group.prompt_id, group.prompt_ids, group.prompt_text, group.task, group.branch) == (
         "p",
         [5, 6],
@@ -104,11 +105,15 @@ def test_sample_ids_depend_on_tokens_only_and_records_are_served_as_stored() -> 
             version=3,
             staleness=2,
             finish_reason="stop",
+            searcher_id="s-1",
         )
     ]
     unscored = a.model_copy(update={"ref_logprob_sum": None})  # TBA_REF_PASS=trainer: served as null
-    served = served_group(view, "reward", [0], [encode_record(unscored)], trainer_version=5)
+    served = served_group(view, "reward", [0], [encode_record(unscored, "s-1")], trainer_version=5)
     assert SampledGroup.model_validate(served).samples[0].ref_logprob_sum is None
+    # A record stored before records named their searcher (one field shorter) is served without one.
+    old = pack([getattr(a, name) for name in RECORD_FIELDS[:-1]])
+    assert SampledGroup.model_validate(served_group(view, "reward", [0], [old], 5)).samples[0].searcher_id is None
 
 
 def test_the_served_forms_name_the_schemas_fields_and_a_mismatch_stops_the_buffer(

@@ -143,3 +143,20 @@ def test_one_line_for_logs():
     assert line == (
         "[   42s] trainer step 7 v7 reward 0.625 | buffer 900 samples | acc 71.5% | searcher-0=v1,searcher-1=v7"
     )
+
+
+def test_a_lagging_searcher_row_says_so_in_a_warning_style():
+    snap = snapshot(75.0, 240, 5000)
+    snap.searchers["searcher-1"].update(
+        version=0, warning_kind="lagging", warning="serving v0, 240 versions behind", lag_over_bound_s=70.0
+    )
+    text = shown(snap, [])
+    row = next(line for line in text.splitlines() if "searcher-1" in line)
+    assert "lagging" in row and "240" in row  # the state says it, the lag column shows how far
+    console = Console(record=True, width=120, color_system="truecolor", force_terminal=True)
+    console.print(render(snap, [], 600, title="TBA"))
+    styled = console.export_text(styles=True)
+    lagging_row = next(line for line in styled.splitlines() if "searcher-1" in line)
+    healthy_row = next(line for line in styled.splitlines() if "searcher-0" in line)
+    assert "\x1b[1;31m" in lagging_row and "\x1b[1;31m" not in healthy_row  # bold red state
+    assert "searcher-1=v0 (lagging!)" in one_line(snap)

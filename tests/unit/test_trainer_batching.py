@@ -117,6 +117,9 @@ def test_rows_from_batch_merges_a_prompt_served_twice_and_drops_bad_groups() -> 
     assert staleness_histogram(rows) == {2: 3}
     # Each sample's behaviour log-prob travels with it, for the importance weights.
     assert plan[0].log_behaviour.tolist() == [r.log_behaviour for r in rows] == [-1.0, -1.0, -1.0]
+    # And the searcher that generated it, for its account (None where the buffer did not say).
+    named = sampled_batch([("a", [1, 5], [{"completion_ids": [7, 2], "searcher_id": "s-1"}, [8, 2]])])
+    assert [r.searcher_id for r in rows_from_batch(named, vocab_size=92, max_length=256)[0]] == ["s-1", None]
 
 
 def grads_after_accumulate(

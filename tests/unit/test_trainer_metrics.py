@@ -31,19 +31,21 @@ def test_record_feeds_status_prometheus_file_and_log(tmp_path, caplog) -> None:
     m = TrainerMetrics(metrics_file=path, max_steps=10)
     m.set_state("training")
     m.set_version(2)
-    m.record(3, 0.05, result(), wait_s=0.25)
-    m.record(4, 0.05, result(), wait_s=0.0)
+    m.record(3, 0.05, result(), wait_s=0.25, by_searcher={"searcher-0": 6, "searcher-1": 2})
+    m.record(4, 0.05, result(), wait_s=0.0, by_searcher={"searcher-0": 8})
 
     status = m.status()
     assert status["state"] == "training" and status["step"] == 4 and status["version"] == 2
     assert status["tokens_per_s"] == 320 and status["samples_per_s"] == 16
     assert status["staleness"] == {"0": 5, "2": 3} and status["staleness_mean"] == 0.75
     assert status["log_Z_mean"] == 3.5 and status["kl"] == 0.125
+    assert status["samples_trained_by_searcher"] == {"searcher-0": 14, "searcher-1": 2}  # summed over the steps
 
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["step"] for x in lines] == [3, 4] and lines[0]["wait_s"] == 0.25
     assert lines[0]["staleness_mean"] == 6 / 8 and lines[0]["beta"] == 0.05
     assert lines[0]["staleness_hist"] == {"0": 5, "2": 3} and lines[0]["ts"] > 1.7e9
+    assert lines[0]["samples_by_searcher"] == {"searcher-0": 6, "searcher-1": 2}
 
     text = generate_latest(m.registry).decode()
     assert "tba_trainer_step 4.0" in text and "tba_trainer_samples_total 16.0" in text

@@ -77,7 +77,7 @@ local function apply_index(prompt, delta)
 end
 
 local groups, group_tokens, intents = prefix .. 'groups', prefix .. 'group_tokens', prefix .. 'intents'
-local answers, labels = {}, {}
+local answers, labels, added_by = {}, {}, {}
 for i = 0, count - 1 do
   local b = 7 + ITEM_SIZE * i
   local kind, group_id, token = ARGV[b + ITEM.kind], ARGV[b + ITEM.group_id], ARGV[b + ITEM.token]
@@ -114,6 +114,8 @@ for i = 0, count - 1 do
         local delta = cmsgpack.unpack(packed)
         apply_counts(delta)
         apply_index(prompt, delta)
+        local searcher = string.match(label, '^(.*)|')  -- the label is '<searcher>|<version>'
+        if searcher then added_by[searcher] = (added_by[searcher] or 0) + tonumber(delta.added) end
         -- The arrival order the recency branch serves new groups in (pick_prompts.lua): the prompt moves to
         -- the end of the queue, numbered by the groups that arrived before it.
         if redis.call('ZSCORE', prefix .. 'newest_version', prompt) then
@@ -128,6 +130,9 @@ for i = 0, count - 1 do
   answers[#answers + 1] = answer
 end
 for label in pairs(labels) do redis.call('SADD', prefix .. 'searchers', label) end
+for searcher, added in pairs(added_by) do
+  if added ~= 0 then redis.call('HINCRBY', prefix .. 'searcher_samples', searcher, added) end
+end
 local expired = redis.call('ZRANGEBYSCORE', groups, '-inf', '(' .. string.format('%.17g', now - window))
 if #expired > 0 then
   sliced('ZREM', groups, expired)
