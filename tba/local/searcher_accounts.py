@@ -5,9 +5,10 @@
   ``reload_hung``), each from when the condition began (the searcher says how long it has held) to the first
   poll without it. The report lists them under events.
 - **Accounts**: per searcher, the samples it generated (its own count, summed over restarts), stored (those
-  it added to the buffer: the buffer's ``searcher_samples``), trained on (the trainer's ``samples_by_searcher``
-  per step), too stale to train on (generated more than the bound behind the newest version announced), and
-  the version lag of what it generated (mean, max).
+  it added to the buffer: the buffer's ``searcher_samples``; a completion another searcher had stored is a
+  duplicate), trained on (the trainer's ``samples_by_searcher`` per step: draws, so a sample drawn twice counts
+  twice, and the ratio to generated is the searcher's own reuse), too stale to train on (generated more than the
+  bound behind the newest version announced), and the version lag of what it generated (mean, max).
 
 Everything is computed from the timeline ``tba up`` polls (``timeline.jsonl``), the trainer's metrics file and
 the buffer's final stats, so the running summary and the final one agree.
@@ -84,7 +85,7 @@ def _lives(timeline: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]
 def searcher_accounts(
     timeline: list[dict[str, Any]], steps: list[dict[str, Any]], buffer: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    """Per searcher: samples generated, stored, trained on (and its share of generated), too stale to train on,
+    """Per searcher: samples generated, stored, trained on (and per sample generated), too stale to train on,
     the version lag of what it generated (mean, max), and the first and last version it served."""
     names = sorted({n for row in timeline for n in (row.get("searchers") or {})})
     stored = buffer.get("searcher_samples") or {}
@@ -104,7 +105,7 @@ def searcher_accounts(
             "samples_generated": generated,
             "samples_stored": stored.get(name),
             "samples_trained": trained.get(name, 0),
-            "trained_share": trained.get(name, 0) / generated if generated else None,
+            "trained_per_generated": trained.get(name, 0) / generated if generated else None,
             "samples_too_stale": sum(int(st.get("samples_too_stale") or 0) for st in lives),
             "version_lag_mean": lag_sum / generated if generated else None,
             "version_lag_max": max((int(st.get("version_lag_max") or 0) for st in lives), default=None),
@@ -120,12 +121,12 @@ def account_line(account: dict[str, Any]) -> str:
     def count(x: Any) -> str:
         return f"{x:,}" if isinstance(x, int) else "-"
 
-    share = account.get("trained_share")
+    per = account.get("trained_per_generated")
     lag_mean, lag_max = account.get("version_lag_mean"), account.get("version_lag_max")
     served = account.get("versions_served")
     return (
         f"{count(account.get('samples_generated'))} generated, {count(account.get('samples_stored'))} stored, "
-        f"{count(account.get('samples_trained'))} trained on ({'-' if share is None else f'{share:.0%}'}), "
+        f"{count(account.get('samples_trained'))} trained on ({'-' if per is None else f'{per:.2f}'}x), "
         f"{count(account.get('samples_too_stale'))} too stale; lag "
         f"{'-' if lag_mean is None else f'{lag_mean:.1f}'} mean, {count(lag_max)} max"
         + (f"; v{served[0]} → v{served[1]}" if served else "")

@@ -67,7 +67,7 @@ def test_accounts_add_up_lives_and_take_stored_and_trained_from_the_buffer_and_t
         "samples_generated": 500,
         "samples_stored": 300,
         "samples_trained": 128,
-        "trained_share": 128 / 500,
+        "trained_per_generated": 128 / 500,
         "samples_too_stale": 10,
         "version_lag_mean": (2.0 * 400 + 4.0 * 100) / 500,
         "version_lag_max": 9,
@@ -75,7 +75,7 @@ def test_accounts_add_up_lives_and_take_stored_and_trained_from_the_buffer_and_t
         "restarts": 1,
     }
     assert account_line(accounts["s"]) == (
-        "500 generated, 300 stored, 128 trained on (26%), 10 too stale; lag 2.4 mean, 9 max; v2 → v0"
+        "500 generated, 300 stored, 128 trained on (0.26x), 10 too stale; lag 2.4 mean, 9 max; v2 → v0"
     )
 
 
@@ -90,5 +90,5 @@ def test_the_summary_lists_accounts_and_spans_and_the_report_a_row_per_searcher(
     assert summary["events"][0] == "trainer exited with code 1" and len(summary["events"]) == 3
     assert "searcher-1 lagging from 15 s to 95 s" in summary["events"][1]
     rows = dict(summary_rows(summary | {"wall_seconds": 120.0, "accuracy_start": None}, TIMELINE))
-    assert rows["searcher-1"].startswith("500 generated, 200 stored, 0 trained on (0%)")
+    assert rows["searcher-1"].startswith("500 generated, 200 stored, 0 trained on (0.00x)")
     assert rows["events"] == "3 (listed below)"
