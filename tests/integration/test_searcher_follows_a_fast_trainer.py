@@ -32,6 +32,7 @@ from tba.checkpoints import CheckpointStore, announce
 from tba.health import free_port
 from tba.keys import Keys
 from tba.local.commands import tba_command
+from tba.local.lifetime import guard_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -190,8 +191,12 @@ def test_a_slowed_searcher_loses_nothing_and_keeps_up_only_while_leases_are_hono
     }
     log = tmp_path / "searcher.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            tba_command("searcher"), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        proc = subprocess.Popen(  # under a guard: nothing of it outlives this test, even killed
+            guard_command(tba_command("searcher"), SEARCHER, grace=10.0),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     client = redis_server.client()
     honour = threading.Event()
