@@ -635,13 +635,14 @@ def check_published_stored(kept: Kept, audit: Audit, run_dir: Path) -> Check:
             f"the stream was trimmed ({kept.entries_added} entries added, {len(kept.stream_ids)} kept): "
             "the audit group came too late, the count is incomplete"
         )
-    if s.get("groups_ingested") != len(kept.stream_ids) or s.get("groups_duplicate") != resent:
+    # A counter the buffer never incremented is absent from its hash: 0.
+    ingested, duplicate, dead = (s.get(name, 0) for name in ("groups_ingested", "groups_duplicate", "dead_letters"))
+    if ingested != len(kept.stream_ids) or duplicate != resent:
         problems.append(
-            f"ingested {s.get('groups_ingested')} of {len(kept.stream_ids)} entries, "
-            f"{s.get('groups_duplicate')} counted duplicate of {resent} resent"
+            f"ingested {ingested} of {len(kept.stream_ids)} entries, {duplicate} counted duplicate of {resent} resent"
         )
-    if s.get("dead_letters") or kept.pending or kept.undelivered:
-        problems.append(f"{s.get('dead_letters')} dead letters, {kept.pending} pending, {kept.undelivered} never read")
+    if dead or kept.pending or kept.undelivered:
+        problems.append(f"{dead} dead letters, {kept.pending} pending, {kept.undelivered} never read")
     if spilled or bad or audit.undecodable:
         problems.append(
             f"left in spill queues: {spilled[:3]} ({len(spilled)}), quarantined: {bad[:3]}, "
@@ -649,7 +650,7 @@ def check_published_stored(kept: Kept, audit: Audit, run_dir: Path) -> Check:
         )
     detail = (
         f"{len(published)} group ids published, {len(stored)} stored; {len(kept.stream_ids)} stream entries "
-        f"({resent} resent, stored once); {s.get('dead_letters', 0)} dead letters; spill queues empty"
+        f"({resent} resent, stored once); {dead} dead letters; spill queues empty"
     )
     return Check(not problems, "; ".join(problems) if problems else detail)
 
