@@ -7,7 +7,8 @@ what was measured and where:
 - ``experiment``, ``task``, ``minutes`` (the budget of each run), ``command`` (what reproduces it);
 - ``date`` (ISO 8601), ``commit`` and ``dirty`` (the code measured; null where unknown), ``recorded_in`` (the
   commit that first recorded the figures, for records converted from earlier text; ``git show`` it for that text);
-- ``machine``: ``cpu_model``, ``cpu_flags`` (those that decide the arithmetic: bf16, AMX, AVX-512), ``cores``;
+- ``machine``: ``cpu_model``, ``cpu_flags`` (those that decide the arithmetic: bf16, AMX, AVX-512), ``cores``
+  (:mod:`tba.run_record`, which also fills every run's ``run.json``);
 - ``packages``: versions of the stack, where recorded;
 - the experiment's own figures (each experiment's module says which), with spreads over seeds as
   :func:`summarize` makes them: ``{"mean", "sd", "min", "max", "n", "of"}``, ``n`` of ``of`` seeds having a value.
@@ -35,23 +36,18 @@ Fractions are fractions (accuracy 0.873, not 87.3), times are seconds, learning 
 from __future__ import annotations
 
 import json
-import os
-import platform
 import re
 import statistics
-import subprocess
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tba import run_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 DATA = RESULTS / "data"
 SCHEMA = "tba.results/1"
-# The /proc/cpuinfo flags that decide a CPU's arithmetic here: bf16 generation needs avx512_bf16 or amx_bf16.
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-PACKAGES = ("torch", "vllm", "transformers", "peft")
 WIDTH = 120  # the data files' line width: see dumps
 
 Spread = dict[str, float | int | None]
@@ -83,54 +79,18 @@ def ratio(num: Sequence[float | None], den: Sequence[float | None]) -> Spread | 
     return {"mean": mean, "min": min(each), "max": max(each), "n": len(pairs)}
 
 
-def git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip()
-
-
-def cpu() -> dict[str, Any]:
-    """The CPU model, the flags of :data:`CPU_FLAGS` it has, and the cores this process may use."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        model = platform.processor() or "unknown"
-    cores = len(os.sched_getaffinity(0))
-    return {"cpu_model": model, "cpu_flags": [f for f in CPU_FLAGS if f in flags], "cores": cores}
-
-
-def packages() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
-
-
 def provenance() -> dict[str, Any]:
-    """Where and with what code a record is being measured now: date, commit, dirty flag, machine, packages."""
-    commit = git("rev-parse", "--short=7", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    """Where and with what code a record is being measured now: date, commit, dirty flag, machine, packages (the
+    fields ``tba up`` writes into each run's ``run.json``, :mod:`tba.run_record`)."""
+    now = run_record.provenance()
     return {
         "schema": SCHEMA,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit,
-        "dirty": None if status is None else bool(status),
+        "date": now["date"],
+        "commit": now["commit"][:7] if now["commit"] else None,
+        "dirty": now["dirty"],
         "recorded_in": None,
-        "machine": cpu(),
-        "packages": packages(),
+        "machine": {k: now["machine"][k] for k in ("cpu_model", "cpu_flags", "cores")},
+        "packages": now["packages"],
     }
 
 
