@@ -40,7 +40,7 @@ def code() -> dict[str, Any]:
 
 def cpu() -> dict[str, Any]:
     """The CPU model, which of :data:`CPU_FLAGS` it has, the cores this process may use and the machine's."""
-    model, flags = "unknown", set()
+    model, flags = "unknown", set[str]()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
