@@ -522,70 +522,98 @@ def render(record: dict[str, Any]) -> str:
                     f"{r['bare']['tokens_per_s']:,.0f} | **{r['ratio']:.2f}** | "
                     f"{r['service'].get('peak_gb', 0):.1f} | {r['bare'].get('peak_gb', 0):.1f} |"
                 )
-    lines += [
+    lines += _table(
+        record,
+        "FSDP2 with one rank against the plain learner (target: >= 0.9x)",
         "",
-        "## FSDP2 with one rank against the plain learner (target: >= 0.9x)",
-        "",
-        "| model | batch | FSDP2 tokens/s | plain tokens/s | ratio |",
-        "|---|---|---|---|---|",
-    ]
-    for name, entry in record["sizes"].items():
-        f = entry.get("fsdp", {})
-        if "ratio" not in f:
-            lines.append(f"| {name} | 32 x 8 | {_error(entry, 'fsdp')} | | |")
-            continue
-        lines.append(
-            f"| {name} | 32 x 8 | {f['fsdp2']['tokens_per_s']:,.0f} | {f['plain']['tokens_per_s']:,.0f} | "
-            f"**{f['ratio']:.2f}** |"
-        )
-    lines += [
-        "",
-        "## bfloat16 against float32 on the same weights and inputs",
-        "",
+        ["model", "batch", "FSDP2 tokens/s", "plain tokens/s", "ratio"],
+        "fsdp",
+        lambda f: [
+            "32 x 8",
+            f"{f['fsdp2']['tokens_per_s']:,.0f}",
+            f"{f['plain']['tokens_per_s']:,.0f}",
+            f"**{f['ratio']:.2f}**",
+        ],
+    )
+    lines += _table(
+        record,
+        "bfloat16 against float32 on the same weights and inputs",
         "log pi is a completion's summed log-prob (the trainer's prefix-shared computation, and the padded one "
         "the bare loop uses); the loss is the TB loss of one 8 x 8 batch; the cosine is between the two "
         "gradients of all weights.",
-        "",
-        "| model | mean log pi (fp32) | max abs diff (shared) | mean abs diff | max per token | max abs diff "
-        "(padded) | loss rel. diff | grad cosine |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, entry in record["sizes"].items():
-        n = entry.get("numerics", {})
-        if "grad_cosine" not in n:
-            lines.append(f"| {name} | {_error(entry, 'numerics')} | | | | | | |")
-            continue
-        lines.append(
-            f"| {name} | {n['log_pi_fp32_mean']:.1f} | {n['shared_max_abs_diff']:.3f} | "
-            f"{n['shared_mean_abs_diff']:.3f} | {n['shared_max_abs_diff_per_token']:.4f} | "
-            f"{n['padded_max_abs_diff']:.3f} | {n['loss_rel_diff']:.2e} | {n['grad_cosine']:.4f} |"
-        )
-    lines += [
-        "",
-        "## Checkpoint publishing from GPU memory (target: the ~0.5B model's weights in <= 2 s)",
-        "",
+        [
+            "model",
+            "mean log pi (fp32)",
+            "max abs diff (shared)",
+            "mean abs diff",
+            "max per token",
+            "max abs diff (padded)",
+            "loss rel. diff",
+            "grad cosine",
+        ],
+        "numerics",
+        lambda n: [
+            f"{n['log_pi_fp32_mean']:.1f}",
+            f"{n['shared_max_abs_diff']:.3f}",
+            f"{n['shared_mean_abs_diff']:.3f}",
+            f"{n['shared_max_abs_diff_per_token']:.4f}",
+            f"{n['padded_max_abs_diff']:.3f}",
+            f"{n['loss_rel_diff']:.2e}",
+            f"{n['grad_cosine']:.4f}",
+        ],
+    )
+    lines += _table(
+        record,
+        "Checkpoint publishing from GPU memory (target: the ~0.5B model's weights in <= 2 s)",
         "The real `save_checkpoint` into a checkpoint store on the host's local disk: weights-only (the "
         "optimizer file of the last resume point linked, not fsynced; the median of "
         f"{settings['publish_repeats']}) and with the optimizer's state (a resume point, fsynced). fp32 weights.",
-        "",
-        "| model | params | weights MB | weights-only s | MB/s | of it hashing s | optimizer + state MB | with "
-        "optimizer s | MB/s |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, entry in record["sizes"].items():
-        p = entry.get("publish", {})
-        if "weights_only_seconds" not in p:
-            lines.append(f"| {name} | {_error(entry, 'publish')} | | | | | | | |")
-            continue
-        lines.append(
-            f"| {name} | {_params(p['params_m'])} | {p['weights_mb']:,.0f} | **{p['weights_only_seconds']:.2f}** | "
-            f"{p['weights_only_mb_per_s']:,.0f} | {p['hash_seconds']:.2f} | {p['optimizer_and_state_mb']:,.0f} | "
-            f"{p['with_optimizer_seconds']:.2f} | {p['with_optimizer_mb_per_s']:,.0f} |"
-        )
+        [
+            "model",
+            "params",
+            "weights MB",
+            "weights-only s",
+            "MB/s",
+            "of it hashing s",
+            "optimizer + state MB",
+            "with optimizer s",
+            "MB/s",
+        ],
+        "publish",
+        lambda p: [
+            _params(p["params_m"]),
+            f"{p['weights_mb']:,.0f}",
+            f"**{p['weights_only_seconds']:.2f}**",
+            f"{p['weights_only_mb_per_s']:,.0f}",
+            f"{p['hash_seconds']:.2f}",
+            f"{p['optimizer_and_state_mb']:,.0f}",
+            f"{p['with_optimizer_seconds']:.2f}",
+            f"{p['with_optimizer_mb_per_s']:,.0f}",
+        ],
+    )
     notes = record.get("notes")
     if notes:
         lines += ["", "## Reading the figures", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def _table(
+    record: dict[str, Any],
+    title: str,
+    intro: str,
+    columns: list[str],
+    part: str,
+    row: Callable[[dict[str, Any]], list[str]],
+) -> list[str]:
+    """One section of the page: a table with a row per model size of ``part``'s figures (``row``), or of the
+    error that part ended with."""
+    lines = ["", f"## {title}", ""] + ([intro, ""] if intro else [])
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for name, entry in record["sizes"].items():
+        figures = entry.get(part, {})
+        cells = [_error(entry, part), *[""] * (len(columns) - 2)] if "error" in figures or not figures else row(figures)
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return lines
 
 
 def _batches_line(record: dict[str, Any]) -> str:

@@ -2,10 +2,10 @@
 
 One base (:class:`CommonSettings`) holds what every service reads; each service
 derives its own. Every field has a one-line description: it is the ``--help``
-text and the README table. A bad value stops start-up with a message naming the
-variable (:class:`SettingsError`). A deprecated name (:data:`DEPRECATED`) still
-supplies its replacement's value when that is not set, with a warning. This module
-imports no ML library, so ``tba --help`` stays instant.
+text and docs/configuration.md's table. A bad value stops start-up with a message naming
+the variable (:class:`SettingsError`). Each service writes what it resolved where
+``TBA_SETTINGS_FILE`` says (``tba up``: the run directory). This module imports no ML
+library, so ``tba --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceError
 
@@ -31,19 +31,8 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 # Bounded asynchrony's defaults, chosen by measurement (docs/results/decoupling.md).
 DEFAULT_MAX_STALENESS: int | None = 8
 DEFAULT_MAX_REUSE: float | None = 1.0
-# The peak learning rate per mode, chosen by measurement with the decay tied to the samples trained
-# (docs/results/decoupling.md): the asynchronous trainer takes about twice the optimizer steps per second of the
-# synchronous one, on samples a few versions old.
-DEFAULT_LR: dict[str, float] = {"async": 2e-5, "sync": 6e-5}
 S = TypeVar("S", bound="CommonSettings")
 log = logging.getLogger(__name__)
-
-# Deprecated names, to be removed: each still supplies the value of whichever of its replacements a
-# service's settings have (replacement field -> what it is), unless that replacement is set itself.
-DEPRECATED: dict[str, dict[str, str]] = {
-    "samples_per_prompt": {"train_samples_per_prompt": "the trainer's K", "completions_per_prompt": "the searchers' S"},
-}
-_logged: set[str] = set()  # the warnings about deprecated names this process has logged
 
 
 class SettingsError(ValueError):
@@ -83,8 +72,9 @@ class CommonSettings(BaseSettings):
     )
     task_options: dict[str, Any] = Field(default_factory=dict, description='Task options as JSON, e.g. {"digits": 2}.')
     temperature: float = Field(0.7, gt=0.0, le=10.0, description="Sampling temperature T; log-probs use logits/T.")
-
-    _deprecations: list[str] = PrivateAttr(default_factory=list)  # warnings about deprecated names read
+    settings_file: Path | None = Field(
+        None, description="Where the service writes the settings it resolved at start (JSON, secrets left out)."
+    )
 
     def public_dump(self) -> dict[str, Any]:
         """These settings as JSON values with no secret in them: the auth token left out, the password of every
@@ -93,15 +83,15 @@ class CommonSettings(BaseSettings):
         dumped = self.model_dump(mode="json", exclude={"auth_token"})
         return {k: redact_url(v) if isinstance(v, str) and "://" in v else v for k, v in dumped.items()}
 
-    def log_deprecations(self) -> None:
-        """Log each warning about a deprecated name these settings were read from, once per process.
-
-        Called once logging is set up, which :func:`load_settings` comes before (the log level is a setting).
-        """
-        for message in self._deprecations:
-            if message not in _logged:
-                _logged.add(message)
-                log.warning("%s", message)
+    def write_resolved(self, service: str) -> None:
+        """Write these settings (:meth:`public_dump`) to ``settings_file``, if set: what this service runs with,
+        every default resolved, for the run's record. Written aside and renamed, so a reader sees it whole."""
+        if self.settings_file is None:
+            return
+        tmp = self.settings_file.with_name(f".{self.settings_file.name}.tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"service": service, "settings": self.public_dump()}, indent=1, default=str))
+        os.replace(tmp, self.settings_file)
 
     @field_validator("redis_url")
     @classmethod
@@ -233,11 +223,18 @@ class OptimizerSettings(BaseModel):
     SECTION: ClassVar[str] = "trainer: optimizer"
 
     lr: float | None = Field(
-        None,
+        None, gt=0.0, description="Peak learning rate (AdamW) of either mode; unset: the mode's own."
+    )
+    lr_async: float = Field(
+        2e-5,
         gt=0.0,
-        description="Peak learning rate (AdamW); unset: the mode's own (DEFAULT_LR: "
-        f"{DEFAULT_LR['async']:g} async, {DEFAULT_LR['sync']:g} sync, "
-        "as an asynchronous trainer takes about twice the steps per second).",
+        description="Peak learning rate of the asynchronous trainer (TBA_MODE=async) unless TBA_LR is set; it "
+        "takes about twice the steps per second of the synchronous one, on samples a few versions old.",
+    )
+    lr_sync: float = Field(
+        6e-5,
+        gt=0.0,
+        description="Peak learning rate of the synchronous trainer (TBA_MODE=sync) unless TBA_LR is set.",
     )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     lr_schedule: Literal["constant", "linear", "wsd"] = Field("constant", description="LR schedule after warmup.")
@@ -400,8 +397,10 @@ class TrainerSettings(
 
     @property
     def peak_lr(self) -> float:
-        """The peak learning rate: ``lr`` when set, else the mode's default."""
-        return self.lr if self.lr is not None else DEFAULT_LR[self.mode]
+        """The peak learning rate: ``lr`` when set, else the mode's own (``lr_async``, ``lr_sync``)."""
+        if self.lr is not None:
+            return self.lr
+        return self.lr_async if self.mode == "async" else self.lr_sync
 
     @model_validator(mode="after")
     def _trainer_cross_checks(self) -> TrainerSettings:
@@ -571,11 +570,6 @@ def _names(name: str) -> str:
     return f"{ENV_PREFIX}{name.upper()} / {_flag(name)}"
 
 
-def _replacement(cls: type[CommonSettings], old: str) -> str | None:
-    """The field of ``cls`` that the deprecated name ``old`` supplies (None: not one of this service's)."""
-    return next((new for new in DEPRECATED[old] if new in cls.model_fields), None)
-
-
 def setting_sections(cls: type[CommonSettings]) -> list[tuple[str, list[str]]]:
     """``cls``'s fields in the sections people look for them in, each with its title: what every service
     shares, the model, the trainer's groups (:data:`TRAINER_GROUPS`), then the service's own. The ``--help``
@@ -604,17 +598,6 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[CommonSett
             shown = "(secret)" if name == "auth_token" else default
             help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
             group.add_argument(_flag(name), dest=f"setting__{name}", default=None, metavar="VALUE", help=help_text)
-    deprecated = parser.add_argument_group("deprecated settings (flag or environment variable)")
-    for old in DEPRECATED:
-        new = _replacement(cls, old)
-        if new is not None:
-            deprecated.add_argument(
-                _flag(old),
-                dest=f"deprecated__{old}",
-                default=None,
-                metavar="VALUE",
-                help=f"Deprecated, will be removed: use {_flag(new)}. [env {ENV_PREFIX}{old.upper()}]",
-            )
 
 
 def _json_valued(cls: type[CommonSettings], name: str) -> bool:
@@ -622,46 +605,12 @@ def _json_valued(cls: type[CommonSettings], name: str) -> bool:
     return typing.get_origin(cls.model_fields[name].annotation) in (list, dict)
 
 
-def _env(name: str) -> str | None:
-    """A variable's value, its name matched regardless of case (as pydantic-settings reads them)."""
-    return next((v for k, v in os.environ.items() if k.upper() == name), None)
-
-
-def _deprecated_values(
-    cls: type[CommonSettings], values: dict[str, Any], flags: dict[str, str]
-) -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """The deprecated names given (flag, else environment) that supply a field, as field -> (old name, value),
-    and a warning for every deprecated name given. A replacement set anywhere wins over its deprecated name."""
-    supplied: dict[str, tuple[str, str]] = {}
-    warnings = []
-    for old, replacements in DEPRECATED.items():
-        new = _replacement(cls, old)
-        value = flags.get(old, _env(f"{ENV_PREFIX}{old.upper()}"))
-        if new is None or value is None:
-            continue
-        use = " and ".join(f"{_names(n)} ({what})" for n, what in replacements.items())
-        message = f"{_names(old)} is deprecated and will be removed: set {use} instead."
-        if new in values or _env(f"{ENV_PREFIX}{new.upper()}") is not None:
-            warnings.append(f"{message} It is ignored here: {_names(new)} is set.")
-        else:
-            supplied[new] = (old, value)
-            warnings.append(f"{message} Its value {value} is used for {_names(new)}.")
-    return supplied, warnings
-
-
 def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overrides: Any) -> S:
-    """Build settings from env, then CLI flags, then keyword overrides; explain any bad value.
-
-    A deprecated name (:data:`DEPRECATED`, variable or flag) supplies its replacement when that is given
-    nowhere; the settings keep a warning about it for :meth:`CommonSettings.log_deprecations`.
-    """
+    """Build settings from env, then CLI flags, then keyword overrides; explain any bad value."""
     values: dict[str, Any] = {}
-    flags: dict[str, str] = {}  # deprecated flags given
     if args is not None:
         for key, val in vars(args).items():
-            if key.startswith("deprecated__") and val is not None:
-                flags[key.removeprefix("deprecated__")] = val
-            elif key.startswith("setting__") and val is not None:
+            if key.startswith("setting__") and val is not None:
                 name = key.removeprefix("setting__")
                 if _json_valued(cls, name):
                     try:
@@ -670,8 +619,6 @@ def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overri
                         raise SettingsError(f"{_flag(name)}: not valid JSON ({val!r})") from None
                 values[name] = val
     values.update({k: v for k, v in overrides.items() if v is not None})
-    supplied, warnings = _deprecated_values(cls, values, flags)
-    values.update({new: value for new, (_old, value) in supplied.items()})
     try:
         settings = cls(**values)
     except SourceError as err:  # a JSON-valued variable (e.g. TBA_TASK_OPTIONS) that does not parse
@@ -683,9 +630,12 @@ def load_settings(cls: type[S], args: argparse.Namespace | None = None, **overri
         for e in err.errors():
             name = str(e["loc"][0]) if e["loc"] else ""
             where = _names(name) if name else "settings"
-            if name in supplied:
-                where = f"{_names(supplied[name][0])} (deprecated, for {ENV_PREFIX}{name.upper()})"
             lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
-    settings._deprecations = warnings
     return settings
+
+
+def known_variables() -> set[str]:
+    """Every TBA_ variable some service reads (a profile or a check of names takes no other)."""
+    classes: list[type[CommonSettings]] = [BufferSettings, TrainerSettings, SearcherSettings]
+    return {f"{ENV_PREFIX}{name.upper()}" for cls in classes for name in cls.model_fields}

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tba.settings import (
-    DEPRECATED,
     ENV_PREFIX,
     BufferSettings,
     CommonSettings,
@@ -52,19 +51,6 @@ def table(names: tuple[str, ...]) -> str:
     return "\n".join(rows)
 
 
-def deprecated_table() -> str:
-    """The deprecated names, each with the settings it still supplies."""
-    rows = list(HEADER)
-    for old, replacements in DEPRECATED.items():
-        users = [svc for svc, cls in SERVICES.items() if any(new in cls.model_fields for new in replacements)]
-        new = " and ".join(f"`{ENV_PREFIX}{n.upper()}` ({what})" for n, what in replacements.items())
-        rows.append(
-            f"| `{ENV_PREFIX}{old.upper()}` | {', '.join(users)} | unset | Deprecated, will be removed: "
-            f"supplies {new} where those are unset. |"
-        )
-    return "\n".join(rows)
-
-
 def sections() -> list[tuple[str, tuple[str, ...]]]:
     """Every setting once, in the sections of :func:`tba.settings.setting_sections`: what every service shares,
     the buffer's, the model's, the trainer's groups, the searcher's."""
@@ -80,9 +66,9 @@ def sections() -> list[tuple[str, tuple[str, ...]]]:
 
 
 def grouped_tables() -> str:
-    """docs/configuration.md's tables: one per section, the deprecated names last."""
+    """docs/configuration.md's tables: one per section."""
     parts = [f"### {title}\n\n{table(names)}" for title, names in sections()]
-    return "\n\n".join([*parts, f"### deprecated\n\n{deprecated_table()}"])
+    return "\n\n".join(parts)
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings(BufferSettings, args)
+    settings.write_resolved("buffer")
 
     import uvicorn
 

@@ -23,7 +23,7 @@ def main(args: argparse.Namespace) -> int:
 
     settings = load_settings(SearcherSettings, args)
     setup_logging(settings.log_level, settings.log_json)
-    settings.log_deprecations()
+    settings.write_resolved("searcher")
     try:
         task = check_all(settings)
         from services.searcher.service import run_service

@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
     from tba.logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_json)
-    settings.log_deprecations()
+    settings.write_resolved("trainer")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request: our retries log failures
     stop = threading.Event()
 

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from tba.health import free_port
+from tba.local import run_file
+from tba.local.profile import DEFAULT, Placement, Profile, ProfileError
 from tba.procs import die_with_parent, parse_cpu_list
 from tba.settings import redact_url
 from tba.tracking import Tracker
@@ -141,6 +143,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Serve --task (a multi-turn task) with `tba envserver` beside the searchers and train on it over "
         "OpenEnv (the searchers and evaluations as the openenv task, the base model the task's own).",
+    )
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT,
+        help="The settings tba up chooses over the services' own: a packaged profile's name (tba/local/profiles/) "
+        "or a TOML file of that shape (default: default).",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="Print every setting tba up would give each service and where it comes from, then exit.",
     )
     parser.add_argument("--no-console", action="store_true", help="Plain progress lines instead of the live panels.")
     parser.add_argument(
@@ -268,6 +281,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}")
     if args.wandb != "off" and importlib.util.find_spec("wandb") is None:
         raise UsageError(f"--wandb {args.wandb} needs Weights & Biases: pip install 'tba[wandb]'")
+    try:
+        args.profile = args.profile if isinstance(args.profile, Profile) else Profile.load(args.profile)
+    except ProfileError as err:
+        raise UsageError(f"--profile: {err}") from None
     if shutil.which("redis-server") is None:
         raise UsageError("redis-server not found: apt-get install -y redis-server")
     # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths).
@@ -364,7 +381,9 @@ def main(args: argparse.Namespace) -> int:
     except (UsageError, SettingsError) as err:
         print(f"tba up: {err}", file=sys.stderr)
         return 2
-    args.searcher_settings.log_deprecations()
+    if args.print_config:
+        print(run_file.config_table(config_layers(args)), end="")
+        return 0
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     return LocalRun(args, run_dir.resolve()).run()
@@ -386,45 +405,59 @@ def separate_cores(args: argparse.Namespace) -> bool:
     return bool(a and b and not set(a) & set(b))
 
 
-# The trainer's settings that ``tba up`` chooses unless the environment sets them. The trainer's budget ends
-# with the run's (TBA_MAX_SECONDS), so a decaying LR schedule reaches 0 as time runs out: warmup-stable-decay
-# over the last half (at a constant LR the accuracy oscillates late in a run; docs/results/arithmetic-10min.md).
-TRAINER_DEFAULTS = {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
-
-
-def run_defaults(args: argparse.Namespace) -> dict[str, str]:
-    """Settings every service of the run shares that ``tba up`` chooses unless the environment sets them."""
-    # With search and training on CPU cores of their own, the searchers are the bottleneck and the trainer waits
-    # for data: the reference pass moves to the trainer, which then takes 1.25x the steps
-    # (docs/results/decoupling.md). Where they share cores, on GPUs (not measured), or with the trainer as several
-    # ranks (refused there), it stays on the searchers.
-    on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
-    on_trainer = on_cpu and separate_cores(args)
-    return {"TBA_REF_PASS": "trainer" if on_trainer else "searcher"}
-
-
 def searcher_cpus(args: argparse.Namespace, i: int) -> list[int] | None:
     """Searcher ``i``'s CPUs: the searchers' (``i`` past ``--searchers``: a backfill searcher, the trainer's)."""
     return args.searcher_cpus if i < args.searchers else args.trainer_cpus
 
 
-def searcher_defaults(args: argparse.Namespace, i: int) -> dict[str, str]:
-    """Searcher ``i``'s settings that ``tba up`` chooses unless the environment sets them (``i`` past
-    ``--searchers``: a backfill searcher on the trainer's cores)."""
-    # Fresh samples: what a searcher generates reaches the buffer one batch later, so the batch is the
-    # staleness every sample starts with. Small batches, scored at once (not behind generation), keep it at a
-    # few versions on a CPU core. Batches of 16 on a searcher's own core generate 1.2x the samples per second
-    # and the trainer 1.3x the steps, but reached no target sooner (docs/results/decoupling.md).
-    out = {"TBA_PROMPTS_PER_BATCH": "8", "TBA_REF_NICE": "0"}
-    if not separate_cores(args):
-        # Searchers and the trainer share these cores: generating far ahead of the trainer only takes its
-        # cycles (and fills the buffer with duplicates). One batch per policy version each. On cores of their
-        # own, searchers run free, as in the paper.
-        out["TBA_MAX_BATCHES_PER_VERSION"] = "1"
-    # vLLM's CPU build pins every engine to the same core by default; spread them instead (over the searcher's
-    # CPUs when given).
-    spread = searcher_cpus(args, i) or list(range(os.cpu_count() or 1))
-    out["VLLM_CPU_OMP_THREADS_BIND"] = str(spread[i % len(spread)])
+def placement(args: argparse.Namespace) -> Placement:
+    """What the profile's conditions are decided on, for this run (after :func:`check_args`)."""
+    on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
+    return Placement(separate_cores=separate_cores(args), trainer_on_cpu=on_cpu)
+
+
+def service_defaults(args: argparse.Namespace, service: str, i: int = 0) -> dict[str, str]:
+    """What ``tba up`` sets for ``service`` (``all``, ``trainer``, ``searcher``, ``buffer``) unless the environment
+    does: the profile's settings under this run's placement (tba/local/profiles/), then what follows from where
+    each process runs: the trainer's torch threads, one per core of its own (else one, the searchers take the
+    other core), and each searcher engine's worker on a core of its own (vLLM's CPU build pins every engine to
+    the same core by default; ``i`` past ``--searchers``: a backfill searcher on the trainer's cores)."""
+    out = args.profile.settings(service, placement(args))
+    if service == "trainer":
+        out["TBA_TORCH_THREADS"] = str(len(args.trainer_cpus or [0]))
+    if service == "searcher":
+        spread = searcher_cpus(args, i) or list(range(os.cpu_count() or 1))
+        out["VLLM_CPU_OMP_THREADS_BIND"] = str(spread[i % len(spread)])
+    return out
+
+
+def config_layers(args: argparse.Namespace) -> dict[str, dict[str, tuple[str, str]]]:
+    """Per service, every variable ``tba up`` sets over the service's own defaults, with its value and where it
+    comes from: the run's flags, the profile (under this run's placement), where the process runs, or the
+    environment, which wins over the last three. Addresses, ports and paths of the run are left out."""
+    profile = f"profile {args.profile.path.name}"
+    from_flags = {"TBA_TASK": args.task, "TBA_SEED": str(args.seed)}
+    trainer_flags = {
+        "TBA_MODE": args.mode,
+        "TBA_LOSS": args.loss,
+        "TBA_MAX_SECONDS": f"{max(1.0, args.minutes * 60):.0f}",
+        "TBA_TRAINER_PROCS": str(args.trainer_procs),
+        **({"TBA_MAX_STEPS": str(args.max_steps)} if args.max_steps else {}),
+    }
+    services = {"buffer": ("buffer", 0), "trainer": ("trainer", 0)}
+    services |= {f"searcher-{i}": ("searcher", i) for i in range(args.searchers + args.backfill)}
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for name, (service, i) in services.items():
+        values = {
+            k: (v, "tba up flags") for k, v in (from_flags | (trainer_flags if service == "trainer" else {})).items()
+        }
+        chosen = args.profile.settings(service, placement(args))
+        for key, value in service_defaults(args, service, i).items():
+            values[key] = (value, profile if key in chosen else "placement")
+        for key in list(values):
+            if key in os.environ and values[key][1] != "tba up flags":
+                values[key] = (os.environ[key], "environment")
+        out[name] = values
     return out
 
 
@@ -467,6 +500,7 @@ class LocalRun:
         self.eval_thread: threading.Thread | None = None
         self.base_model: Path | None = None
         self.endpoints: dict[str, str] = {}  # service name -> its address, for the running summary
+        self.service_envs: dict[str, dict[str, str]] = {}  # service name -> the environment it was started with
         self.tracker: Tracker | None = None  # the evaluations' TensorBoard events (and W&B run)
         searchers = f"{args.searchers} searcher(s)" + (f" + {args.backfill} backfill" if args.backfill else "")
         self.title = f"TBA  {args.task}  {args.mode} {args.loss}  {searchers}  {run_dir}"
@@ -487,9 +521,37 @@ class LocalRun:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        for key, value in run_defaults(self.args).items():
+        for key, value in service_defaults(self.args, "all").items():
             env.setdefault(key, value)
         return env
+
+    def _service_env(self, name: str, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with where the service writes the settings it resolves, kept for the run's ``run.json``."""
+        env = {**env, "TBA_SETTINGS_FILE": str(run_file.settings_file(self.run_dir, name))}
+        self.service_envs[name] = env
+        return env
+
+    def _write_run_file(self, base_model: Path) -> None:
+        """``run.json`` as the run starts (its services' resolved settings are folded in at the end)."""
+        a = self.args
+        run = {
+            "command": sys.argv,
+            "task": a.task,
+            "mode": a.mode,
+            "loss": a.loss,
+            "minutes": a.minutes,
+            "max_steps": a.max_steps,
+            "seed": a.seed,
+            "searchers": a.searchers,
+            "backfill": a.backfill,
+            "placement": {"searcher_cpus": a.searcher_cpus, "trainer_cpus": a.trainer_cpus},
+            "base_model": str(base_model),
+        }
+        profile = {
+            "file": str(a.profile.path),
+            "applied": {name: dict(values) for name, values in config_layers(a).items()},
+        }
+        run_file.write(self.run_dir, run_file.start_record(run, profile, self.service_envs))
 
     def _start_services(self, base_model: Path) -> tuple[str, dict[str, str]]:
         from tba import redis_server
@@ -514,7 +576,7 @@ class LocalRun:
             Child(
                 "buffer",
                 tba_command("buffer", host="127.0.0.1", port=buffer_port),
-                env,
+                self._service_env("buffer", env),
                 self.logs / "buffer.log",
             )
         )
@@ -551,17 +613,19 @@ class LocalRun:
             "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl"),
             **self._tracking_env(),
         }
-        # Default: one thread, the searchers need the other core; on cores of its own, one per core.
-        trainer_env.setdefault("TBA_TORCH_THREADS", str(len(self.args.trainer_cpus or [0])))
+        for key, value in service_defaults(self.args, "trainer").items():
+            trainer_env.setdefault(key, value)
         if self.args.max_steps:
             trainer_env["TBA_MAX_STEPS"] = str(self.args.max_steps)
         trainer_env["TBA_MAX_SECONDS"] = f"{max(1.0, self.t0 + self.args.minutes * 60 - time.time()):.0f}"
-        for key, value in TRAINER_DEFAULTS.items():
-            trainer_env.setdefault(key, value)
         trainer_env["TBA_TRAINER_PROCS"] = str(self.args.trainer_procs)  # above 1: torchrun, FSDP2 ranks
         self.sup.add(
             Child(
-                "trainer", tba_command("trainer"), trainer_env, self.logs / "trainer.log", cpus=self.args.trainer_cpus
+                "trainer",
+                tba_command("trainer"),
+                self._service_env("trainer", trainer_env),
+                self.logs / "trainer.log",
+                cpus=self.args.trainer_cpus,
             )
         )
         for i in range(self.args.searchers + self.args.backfill):
@@ -576,10 +640,12 @@ class LocalRun:
                 "TBA_METRICS_PORT": str(port),
                 "TBA_SPILL_DIR": str(self.run_dir / "spill" / name),
             }
-            for key, value in searcher_defaults(self.args, i).items():
+            for key, value in service_defaults(self.args, "searcher", i).items():
                 s_env.setdefault(key, value)
             nice = 0 if i < self.args.searchers else 19
+            s_env = self._service_env(name, s_env)
             self.sup.add(Child(name, tba_command("searcher"), s_env, self.logs / f"{name}.log", cpus=cpus, nice=nice))
+        self._write_run_file(base_model)
         return buffer_url, status_urls
 
     def _redis_auth_file(self) -> Path:
@@ -868,6 +934,7 @@ class LocalRun:
         if self.tracker is not None:
             self.tracker.close()
         summary = self._write_summary(observer, final, "complete")
+        run_file.add_resolved_settings(self.run_dir)
         if not self.args.no_report:
             write_report(self.run_dir, summary, self.t0)
         log.info("summary: %s", json.dumps({k: summary[k] for k in ("accuracy_start", "accuracy_end", "wall_seconds")}))

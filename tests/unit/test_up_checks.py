@@ -8,12 +8,12 @@ import argparse
 import pytest
 
 from tba.local.up import (
-    TRAINER_DEFAULTS,
     UsageError,
     add_arguments,
     check_args,
-    run_defaults,
-    searcher_defaults,
+    config_layers,
+    main,
+    service_defaults,
     split_cpus,
 )
 from tba.settings import SettingsError
@@ -67,7 +67,7 @@ def test_good_values_resolve(monkeypatch) -> None:
     assert args.searcher_settings.task_options == {"digits": 3}
     sharded = parse(monkeypatch, ["--trainer-procs", "2", "--searcher-cpus", "0", "--trainer-cpus", "1"])
     check_args(sharded)
-    assert run_defaults(sharded) == {"TBA_REF_PASS": "searcher"}, "FSDP ranks: the reference pass stays searched"
+    assert "TBA_REF_PASS" not in service_defaults(sharded, "all"), "FSDP ranks: the reference pass stays searched"
 
 
 def test_split_gives_the_trainer_the_last_half() -> None:
@@ -118,13 +118,53 @@ def test_service_defaults_follow_the_placement(monkeypatch, argv, paced) -> None
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     args = parse(monkeypatch, argv)
     check_args(args)
-    assert run_defaults(args) == {"TBA_REF_PASS": "searcher" if paced else "trainer"}
-    assert TRAINER_DEFAULTS == {"TBA_LR_SCHEDULE": "wsd", "TBA_LR_DECAY_FRACTION": "0.5"}
-    first = searcher_defaults(args, 0)
+    assert service_defaults(args, "all") == ({} if paced else {"TBA_REF_PASS": "trainer"})
+    trainer = service_defaults(args, "trainer")
+    assert trainer["TBA_LR_SCHEDULE"] == "wsd" and trainer["TBA_LR_DECAY_FRACTION"] == "0.5"
+    assert trainer["TBA_TORCH_THREADS"] == "1"
+    first = service_defaults(args, "searcher", 0)
     assert first["TBA_PROMPTS_PER_BATCH"] == "8" and first["TBA_REF_NICE"] == "0"
     assert ("TBA_MAX_BATCHES_PER_VERSION" in first) == paced
     if args.backfill:  # the backfill searcher's worker on the trainer's core, the first searcher's on CPU 0
-        assert searcher_defaults(args, args.searchers)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+        assert service_defaults(args, "searcher", args.searchers)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
         assert first["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     elif args.searchers > 1:
-        assert searcher_defaults(args, 1)["VLLM_CPU_OMP_THREADS_BIND"] == "1", "engines spread over the cores"
+        assert service_defaults(args, "searcher", 1)["VLLM_CPU_OMP_THREADS_BIND"] == "1", (
+            "engines spread over the cores"
+        )
+
+
+def test_print_config_shows_every_setting_and_where_it_comes_from(monkeypatch, capsys) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    args = parse(monkeypatch, ["--print-config", "--minutes", "2"], {"TBA_PROMPTS_PER_BATCH": "4"})
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "[trainer]" in text and "[searcher-0]" in text and "[searcher-1]" in text  # the backfill searcher too
+    assert "TBA_LR_SCHEDULE       = 'wsd'           # profile default.toml" in text
+    assert "TBA_MAX_SECONDS       = '120'           # tba up flags" in text
+    assert "TBA_PROMPTS_PER_BATCH     = '4'             # environment" in text  # the environment wins
+    assert "VLLM_CPU_OMP_THREADS_BIND = '1'             # placement" in text
+    layers = config_layers(args)
+    assert layers["searcher-0"]["TBA_REF_PASS"] == ("trainer", "profile default.toml")
+
+
+def test_another_profile_replaces_the_defaults_and_a_bad_one_is_named(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    own = tmp_path / "mine.toml"
+    own.write_text('[trainer]\nTBA_LR_SCHEDULE = "constant"\n\n[searcher.shared-cores]\nTBA_PROMPTS_PER_BATCH = 2\n')
+    args = parse(monkeypatch, ["--profile", str(own), "--placement", "shared"])
+    check_args(args)
+    assert service_defaults(args, "trainer") == {"TBA_LR_SCHEDULE": "constant", "TBA_TORCH_THREADS": "1"}
+    assert service_defaults(args, "searcher")["TBA_PROMPTS_PER_BATCH"] == "2"
+    for text, says in [
+        ('[trainer]\nTBA_LR_SHEDULE = "wsd"\n', "[trainer] TBA_LR_SHEDULE: not a setting of any service"),
+        ("[tranier]\nTBA_LR = 1\n", "[tranier] is not one of all, trainer, searcher, buffer"),
+        ("[searcher.on-gpus]\nTBA_REF_NICE = 1\n", "[searcher.on-gpus]: no such condition"),
+        ("[trainer\n", "profile"),
+    ]:
+        own.write_text(text)
+        with pytest.raises(UsageError, match="--profile") as err:
+            check_args(parse(monkeypatch, ["--profile", str(own)]))
+        assert says in str(err.value)
+    with pytest.raises(UsageError, match="not a packaged profile \\(default"):
+        check_args(parse(monkeypatch, ["--profile", "fastest"]))
