@@ -55,7 +55,7 @@ class Profile:
 
     @classmethod
     def load(cls, name: str | Path = DEFAULT) -> Profile:
-        """A packaged profile by name (``tba/local/profiles/NAME.toml``) or a TOML file by path."""
+        """A packaged profile by name (a file of tba/local/profiles/, ``default``) or a TOML file by path."""
         path = Path(name) if str(name).endswith(".toml") or Path(name).is_file() else PROFILES / f"{name}.toml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.toml")))

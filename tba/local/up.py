@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
-import importlib.util
 import json
 import logging
-import multiprocessing
 import os
 import secrets
 import shutil
@@ -31,15 +28,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tba.health import free_port
 from tba.local import run_file
-from tba.local.profile import DEFAULT, Placement, Profile, ProfileError
-from tba.procs import die_with_parent, parse_cpu_list
+from tba.local.checks import UsageError, check_args
+from tba.local.eval_pool import TakenCheckpoint, evaluate_on_cores, greedy_accuracy, link_checkpoint
+from tba.local.placement import config_layers, searcher_cpus, service_defaults
+from tba.local.profile import DEFAULT
 from tba.settings import redact_url
 from tba.tracking import Tracker
 
@@ -177,71 +174,6 @@ def _wait_http(url: str, timeout: float, child) -> None:
     raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
 
 
-@dataclass(frozen=True)
-class TakenCheckpoint:
-    """A checkpoint set aside during the run to be evaluated after it (``--eval-after``)."""
-
-    t: float  # seconds into the run when it was taken: the time its evaluation is recorded at
-    version: int
-    path: Path
-    content_hash: str | None  # what its files must hash to (None: the base model, not a published checkpoint)
-
-
-def link_checkpoint(src: Path, dest: Path) -> Path:
-    """``dest`` holding the model files of the checkpoint ``src`` (its top-level files, not the trainer's resume
-    state), hard-linked where the file system allows, else copied. A published checkpoint's files are never
-    written again, so a link is a snapshot that outlives the trainer's pruning of ``src``, and costs no copy.
-    Built beside ``dest`` and renamed into place: a ``dest`` that exists is whole."""
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        for path in src.iterdir():
-            if path.is_file():
-                try:
-                    os.link(path, tmp / path.name)
-                except FileNotFoundError:
-                    raise
-                except OSError:  # another file system, or one without hard links
-                    shutil.copy2(path, tmp / path.name)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
-
-
-def greedy_accuracy(model_dir: Path, options: dict[str, Any], threads: int = 0) -> float:
-    """Held-out greedy accuracy of ``model_dir`` (``options``: :meth:`LocalRun._eval_options`), on ``threads``
-    torch threads (0: the idle cores)."""
-    from tba.model.evaluation import evaluate_checkpoint
-
-    return float(evaluate_checkpoint(model_dir, threads=threads, **options)["greedy_accuracy"])
-
-
-def _start_eval_worker(cpus: list[int]) -> None:
-    """An evaluation process of :func:`evaluate_on_cores`: it dies with ``tba up``, and may run on any of the
-    run's cores (``tba up`` itself keeps to the searchers' cores once the services are up)."""
-    die_with_parent()
-    os.sched_setaffinity(0, cpus)
-
-
-def evaluate_on_cores(model_dirs: list[Path], options: dict[str, Any], cpus: list[int]) -> Iterator[float]:
-    """The greedy accuracy of each of ``model_dirs``, in order, as each is known: one single-threaded evaluation
-    per core of ``cpus`` at a time (a tiny model's evaluation is too small to spread over threads, so processes
-    get the cores' worth), or in this process where there is one core or one model. One thread each, always:
-    the same arithmetic for every checkpoint of a run."""
-    workers = min(len(cpus), len(model_dirs))
-    if workers <= 1:
-        for model_dir in model_dirs:
-            yield greedy_accuracy(model_dir, options, threads=1)
-        return
-    # Spawned, not forked: this process has threads (the console, the listeners) and torch's state.
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(workers, initializer=_start_eval_worker, initargs=(cpus,)) as pool:  # leaving it kills them
-        yield from pool.imap(functools.partial(greedy_accuracy, options=options, threads=1), model_dirs)
-
-
 class _Stop:
     """Set by SIGINT/SIGTERM: the main loop then shuts down in order."""
 
@@ -255,119 +187,6 @@ class _Stop:
             raise KeyboardInterrupt
         log.warning("received %s: stopping everything", signal.Signals(signum).name)
         self.event.set()
-
-
-class UsageError(ValueError):
-    """A flag or variable ``tba up`` cannot run with; the message names it."""
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Every check of ``tba up``'s flags and variables, cheapest first, each failure a :class:`UsageError` or a
-    :class:`~tba.settings.SettingsError` naming what to fix; fills in what they resolve to (the searchers'
-    settings, the base model's directory, the trainer's processes, the CPU lists). The services' own settings
-    are checked by the settings classes, here as in each service."""
-    from tba.settings import SearcherSettings, TrainerSettings, load_settings
-    from tba.tasks import make_task
-
-    if not 0.5 <= args.eval_every <= 86400:
-        raise UsageError(f"--eval-every must be in [0.5, 86400] seconds, got {args.eval_every:g}")
-    if args.eval_prompts < 1:
-        raise UsageError(f"--eval-prompts must be at least 1, got {args.eval_prompts}")
-    if args.searchers is not None and args.searchers < 1:
-        raise UsageError(f"--searchers must be at least 1, got {args.searchers}")
-    if args.placement not in ("split", "shared"):  # TBA_PLACEMENT reaches the flag's default unchecked
-        raise UsageError(f"--placement / TBA_PLACEMENT must be split or shared, got {args.placement!r}")
-    if args.wandb not in ("off", "offline", "online"):  # TBA_WANDB reaches the flag's default unchecked
-        raise UsageError(f"--wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}")
-    if args.wandb != "off" and importlib.util.find_spec("wandb") is None:
-        raise UsageError(f"--wandb {args.wandb} needs Weights & Biases: pip install 'tba[wandb]'")
-    try:
-        args.profile = args.profile if isinstance(args.profile, Profile) else Profile.load(args.profile)
-    except ProfileError as err:
-        raise UsageError(f"--profile: {err}") from None
-    if shutil.which("redis-server") is None:
-        raise UsageError("redis-server not found: apt-get install -y redis-server")
-    # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths).
-    args.searcher_settings = load_settings(SearcherSettings, task=args.task)
-    try:
-        task = make_task(args.task, args.searcher_settings.task_options)
-    except ValueError as err:
-        raise UsageError(f"--task: {err}") from None
-    args.served = None
-    if args.env_server:
-        args.served = served_task(args.task, task, args.searcher_settings.task_options, free_port())
-        args.task = "openenv"
-        args.searcher_settings = load_settings(SearcherSettings, task="openenv", task_options=args.served.options)
-    args.trainer_settings = load_settings(  # the trainer's settings as tba up will start it
-        TrainerSettings,
-        trainer_procs=args.trainer_procs,
-        mode=args.mode,
-        loss=args.loss,
-        max_steps=args.max_steps,
-        max_seconds=max(1.0, args.minutes * 60),
-    )
-    args.trainer_procs = args.trainer_settings.trainer_procs
-    try:
-        args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
-        args.searcher_cpus = _placement(args.searcher_cpus, "--searcher-cpus")
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
-    split = args.placement == "split" and on_cpu and args.trainer_cpus is None and args.searcher_cpus is None
-    if split:
-        args.searcher_cpus, args.trainer_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
-    if args.searchers is None:
-        args.searchers = min(2, len(args.searcher_cpus)) if separate_cores(args) else 2
-    if args.backfill is None:  # the trainer's idle cycles, searched in: asynchronous training only
-        args.backfill = 1 if split and separate_cores(args) and args.mode == "async" else 0
-    if not 0 <= args.backfill <= 8:
-        raise UsageError(f"--backfill must be in [0, 8], got {args.backfill}")
-    if args.backfill and not separate_cores(args):
-        raise UsageError(
-            "--backfill puts searchers on the trainer's cores: it needs search and training on cores of their own "
-            "(--placement split, or --searcher-cpus and --trainer-cpus)"
-        )
-    if args.base_model is not None:
-        from tba.model.importer import ModelImportError, resolve_model
-
-        try:
-            args.base_model = resolve_model(args.base_model).resolve()
-        except ModelImportError as err:
-            raise UsageError(f"--base-model: {err}") from None
-        if not (args.base_model / "config.json").is_file():
-            raise UsageError(
-                f"--base-model: {args.base_model} is neither a model directory (no config.json) nor a packaged "
-                "model's name"
-            )
-
-
-@dataclass(frozen=True)
-class ServedTask:
-    """--env-server: the multi-turn task ``tba envserver`` serves, and the openenv task's options for it."""
-
-    name: str
-    options: dict  # the openenv task's: the server's url and the served task's turn limits
-    served_options: dict  # the served task's own (TBA_TASK_OPTIONS as given)
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-def served_task(name: str, task: Any, served_options: dict, port: int) -> ServedTask:
-    """What --env-server serves and how the searchers reach it; a single-turn task is a usage error."""
-    from tba.tasks import MultiTurnTask
-
-    if not isinstance(task, MultiTurnTask):
-        raise UsageError(f"--env-server serves multi-turn tasks; {name!r} is single-turn")
-    options = {
-        "url": f"http://127.0.0.1:{port}",
-        "max_turns": task.max_turns,
-        "max_episode_tokens": task.max_episode_tokens,
-        "turn_stop": list(task.turn_stop),
-    }
-    return ServedTask(name, options, dict(served_options), port)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -387,91 +206,6 @@ def main(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     return LocalRun(args, run_dir.resolve()).run()
-
-
-def split_cpus(cpus: list[int]) -> tuple[list[int] | None, list[int] | None]:
-    """``--placement split``: (the searchers' CPUs, the trainer's), the trainer on the last half; on one CPU
-    there is nothing to split (None, None: anywhere). With a backfill searcher, the best `make demo` measured
-    on two cores (docs/results/decoupling.md, "`make demo`: where things run")."""
-    if len(cpus) < 2:
-        return None, None
-    half = len(cpus) - len(cpus) // 2
-    return cpus[:half], cpus[half:]
-
-
-def separate_cores(args: argparse.Namespace) -> bool:
-    """Search and training placed on disjoint CPUs."""
-    a, b = args.searcher_cpus, args.trainer_cpus
-    return bool(a and b and not set(a) & set(b))
-
-
-def searcher_cpus(args: argparse.Namespace, i: int) -> list[int] | None:
-    """Searcher ``i``'s CPUs: the searchers' (``i`` past ``--searchers``: a backfill searcher, the trainer's)."""
-    return args.searcher_cpus if i < args.searchers else args.trainer_cpus
-
-
-def placement(args: argparse.Namespace) -> Placement:
-    """What the profile's conditions are decided on, for this run (after :func:`check_args`)."""
-    on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
-    return Placement(separate_cores=separate_cores(args), trainer_on_cpu=on_cpu)
-
-
-def service_defaults(args: argparse.Namespace, service: str, i: int = 0) -> dict[str, str]:
-    """What ``tba up`` sets for ``service`` (``all``, ``trainer``, ``searcher``, ``buffer``) unless the environment
-    does: the profile's settings under this run's placement (tba/local/profiles/), then what follows from where
-    each process runs: the trainer's torch threads, one per core of its own (else one, the searchers take the
-    other core), and each searcher engine's worker on a core of its own (vLLM's CPU build pins every engine to
-    the same core by default; ``i`` past ``--searchers``: a backfill searcher on the trainer's cores)."""
-    out = args.profile.settings(service, placement(args))
-    if service == "trainer":
-        out["TBA_TORCH_THREADS"] = str(len(args.trainer_cpus or [0]))
-    if service == "searcher":
-        spread = searcher_cpus(args, i) or list(range(os.cpu_count() or 1))
-        out["VLLM_CPU_OMP_THREADS_BIND"] = str(spread[i % len(spread)])
-    return out
-
-
-def config_layers(args: argparse.Namespace) -> dict[str, dict[str, tuple[str, str]]]:
-    """Per service, every variable ``tba up`` sets over the service's own defaults, with its value and where it
-    comes from: the run's flags, the profile (under this run's placement), where the process runs, or the
-    environment, which wins over the last three. Addresses, ports and paths of the run are left out."""
-    profile = f"profile {args.profile.path.name}"
-    from_flags = {"TBA_TASK": args.task, "TBA_SEED": str(args.seed)}
-    trainer_flags = {
-        "TBA_MODE": args.mode,
-        "TBA_LOSS": args.loss,
-        "TBA_MAX_SECONDS": f"{max(1.0, args.minutes * 60):.0f}",
-        "TBA_TRAINER_PROCS": str(args.trainer_procs),
-        **({"TBA_MAX_STEPS": str(args.max_steps)} if args.max_steps else {}),
-    }
-    services = {"buffer": ("buffer", 0), "trainer": ("trainer", 0)}
-    services |= {f"searcher-{i}": ("searcher", i) for i in range(args.searchers + args.backfill)}
-    out: dict[str, dict[str, tuple[str, str]]] = {}
-    for name, (service, i) in services.items():
-        values = {
-            k: (v, "tba up flags") for k, v in (from_flags | (trainer_flags if service == "trainer" else {})).items()
-        }
-        chosen = args.profile.settings(service, placement(args))
-        for key, value in service_defaults(args, service, i).items():
-            values[key] = (value, profile if key in chosen else "placement")
-        for key in list(values):
-            if key in os.environ and values[key][1] != "tba up flags":
-                values[key] = (os.environ[key], "environment")
-        out[name] = values
-    return out
-
-
-def _placement(text: str | None, flag: str) -> list[int] | None:
-    """A CPU list option as CPUs this process may use (None: anywhere)."""
-    if text is None:
-        return None
-    cpus, allowed = parse_cpu_list(text, flag), os.sched_getaffinity(0)
-    if not cpus or not set(cpus) <= allowed:
-        raise ValueError(
-            f"{flag}={text!r}: CPUs {sorted(set(cpus) - allowed) or 'none'} are not among this "
-            f"machine's {sorted(allowed)}"
-        )
-    return cpus
 
 
 class LocalRun:

@@ -19,8 +19,9 @@ import pytest
 
 from tba.local.commands import tba_command
 from tba.local.lifetime import guarded_service
+from tba.local.placement import split_cpus
 from tba.local.supervisor import GRACE_SECONDS
-from tba.local.up import SUMMARY_EVERY_SECONDS, split_cpus
+from tba.local.up import SUMMARY_EVERY_SECONDS
 from tba.process_tree import alive, command_line, descendants, running_with
 from tests.waiting import wait_while_running
 

@@ -139,7 +139,7 @@ def test_the_checkpoints_of_a_run_are_evaluated_one_per_core_in_order(sft_model:
     import multiprocessing
     import os
 
-    from tba.local.up import evaluate_on_cores, greedy_accuracy
+    from tba.local.eval_pool import evaluate_on_cores, greedy_accuracy
 
     options = {"task": "arithmetic", "n_prompts": 40, "samples": 0}
     cpus = sorted(os.sched_getaffinity(0))

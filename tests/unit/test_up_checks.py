@@ -7,15 +7,9 @@ import argparse
 
 import pytest
 
-from tba.local.up import (
-    UsageError,
-    add_arguments,
-    check_args,
-    config_layers,
-    main,
-    service_defaults,
-    split_cpus,
-)
+from tba.local.checks import UsageError, check_args
+from tba.local.placement import config_layers, service_defaults, split_cpus
+from tba.local.up import add_arguments, main
 from tba.settings import SettingsError
 
 

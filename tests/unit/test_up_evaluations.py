@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tba.local.up import link_checkpoint
+from tba.local.eval_pool import link_checkpoint
 
 
 def checkpoint(root: Path) -> Path:

@@ -1,0 +1,145 @@
+"""``tba up``'s checks of its flags and variables, before anything starts: each failure names what to fix.
+
+:func:`check_args` also fills in what the flags resolve to (the services' settings, the profile, the base
+model's directory, the CPU lists), which the rest of the launcher reads from ``args``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from tba.health import free_port
+from tba.local.placement import separate_cores, split_cpus
+from tba.local.profile import Profile, ProfileError
+from tba.procs import parse_cpu_list
+
+
+class UsageError(ValueError):
+    """A flag or variable ``tba up`` cannot run with; the message names it."""
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every check of ``tba up``'s flags and variables, cheapest first, each failure a :class:`UsageError` or a
+    :class:`~tba.settings.SettingsError` naming what to fix; fills in what they resolve to (the searchers'
+    settings, the base model's directory, the trainer's processes, the CPU lists). The services' own settings
+    are checked by the settings classes, here as in each service."""
+    from tba.settings import SearcherSettings, TrainerSettings, load_settings
+    from tba.tasks import make_task
+
+    if not 0.5 <= args.eval_every <= 86400:
+        raise UsageError(f"--eval-every must be in [0.5, 86400] seconds, got {args.eval_every:g}")
+    if args.eval_prompts < 1:
+        raise UsageError(f"--eval-prompts must be at least 1, got {args.eval_prompts}")
+    if args.searchers is not None and args.searchers < 1:
+        raise UsageError(f"--searchers must be at least 1, got {args.searchers}")
+    if args.placement not in ("split", "shared"):  # TBA_PLACEMENT reaches the flag's default unchecked
+        raise UsageError(f"--placement / TBA_PLACEMENT must be split or shared, got {args.placement!r}")
+    if args.wandb not in ("off", "offline", "online"):  # TBA_WANDB reaches the flag's default unchecked
+        raise UsageError(f"--wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}")
+    if args.wandb != "off" and importlib.util.find_spec("wandb") is None:
+        raise UsageError(f"--wandb {args.wandb} needs Weights & Biases: pip install 'tba[wandb]'")
+    try:
+        args.profile = args.profile if isinstance(args.profile, Profile) else Profile.load(args.profile)
+    except ProfileError as err:
+        raise UsageError(f"--profile: {err}") from None
+    if shutil.which("redis-server") is None:
+        raise UsageError("redis-server not found: apt-get install -y redis-server")
+    # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths).
+    args.searcher_settings = load_settings(SearcherSettings, task=args.task)
+    try:
+        task = make_task(args.task, args.searcher_settings.task_options)
+    except ValueError as err:
+        raise UsageError(f"--task: {err}") from None
+    args.served = None
+    if args.env_server:
+        args.served = served_task(args.task, task, args.searcher_settings.task_options, free_port())
+        args.task = "openenv"
+        args.searcher_settings = load_settings(SearcherSettings, task="openenv", task_options=args.served.options)
+    args.trainer_settings = load_settings(  # the trainer's settings as tba up will start it
+        TrainerSettings,
+        trainer_procs=args.trainer_procs,
+        mode=args.mode,
+        loss=args.loss,
+        max_steps=args.max_steps,
+        max_seconds=max(1.0, args.minutes * 60),
+    )
+    args.trainer_procs = args.trainer_settings.trainer_procs
+    try:
+        args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
+        args.searcher_cpus = _placement(args.searcher_cpus, "--searcher-cpus")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    on_cpu = args.trainer_settings.device == "cpu" and args.trainer_procs == 1
+    split = args.placement == "split" and on_cpu and args.trainer_cpus is None and args.searcher_cpus is None
+    if split:
+        args.searcher_cpus, args.trainer_cpus = split_cpus(sorted(os.sched_getaffinity(0)))
+    if args.searchers is None:
+        args.searchers = min(2, len(args.searcher_cpus)) if separate_cores(args) else 2
+    if args.backfill is None:  # the trainer's idle cycles, searched in: asynchronous training only
+        args.backfill = 1 if split and separate_cores(args) and args.mode == "async" else 0
+    if not 0 <= args.backfill <= 8:
+        raise UsageError(f"--backfill must be in [0, 8], got {args.backfill}")
+    if args.backfill and not separate_cores(args):
+        raise UsageError(
+            "--backfill puts searchers on the trainer's cores: it needs search and training on cores of their own "
+            "(--placement split, or --searcher-cpus and --trainer-cpus)"
+        )
+    if args.base_model is not None:
+        from tba.model.importer import ModelImportError, resolve_model
+
+        try:
+            args.base_model = resolve_model(args.base_model).resolve()
+        except ModelImportError as err:
+            raise UsageError(f"--base-model: {err}") from None
+        if not (args.base_model / "config.json").is_file():
+            raise UsageError(
+                f"--base-model: {args.base_model} is neither a model directory (no config.json) nor a packaged "
+                "model's name"
+            )
+
+
+@dataclass(frozen=True)
+class ServedTask:
+    """--env-server: the multi-turn task ``tba envserver`` serves, and the openenv task's options for it."""
+
+    name: str
+    options: dict  # the openenv task's: the server's url and the served task's turn limits
+    served_options: dict  # the served task's own (TBA_TASK_OPTIONS as given)
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def served_task(name: str, task: Any, served_options: dict, port: int) -> ServedTask:
+    """What --env-server serves and how the searchers reach it; a single-turn task is a usage error."""
+    from tba.tasks import MultiTurnTask
+
+    if not isinstance(task, MultiTurnTask):
+        raise UsageError(f"--env-server serves multi-turn tasks; {name!r} is single-turn")
+    options = {
+        "url": f"http://127.0.0.1:{port}",
+        "max_turns": task.max_turns,
+        "max_episode_tokens": task.max_episode_tokens,
+        "turn_stop": list(task.turn_stop),
+    }
+    return ServedTask(name, options, dict(served_options), port)
+
+
+def _placement(text: str | None, flag: str) -> list[int] | None:
+    """A CPU list option as CPUs this process may use (None: anywhere)."""
+    if text is None:
+        return None
+    cpus, allowed = parse_cpu_list(text, flag), os.sched_getaffinity(0)
+    if not cpus or not set(cpus) <= allowed:
+        raise ValueError(
+            f"{flag}={text!r}: CPUs {sorted(set(cpus) - allowed) or 'none'} are not among this "
+            f"machine's {sorted(allowed)}"
+        )
+    return cpus
