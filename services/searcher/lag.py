@@ -3,18 +3,19 @@
 A sample generated at version v is trained on only while the trainer's version is at most v + the staleness
 bound (``TBA_MAX_STALENESS``). The trainer is never behind the newest version announced, so a searcher that
 serves a version more than the bound behind the newest announced generates samples nobody can train on. A
-reload ends that (it loads the newest verified version); a searcher that stays so for longer than
-``TBA_LAG_SECONDS`` is lagging: its watcher is stuck, its reloads fail, or it is too slow to keep up.
+reload within the bound ends that; a searcher that stays over the bound for longer than ``TBA_LAG_SECONDS``
+without once coming back within it is lagging: its watcher is stuck, its reloads fail, or it is too slow to
+keep up (a reload that still leaves it over the bound does not restart the clock).
 
-:class:`VersionLag` keeps, for every version newer than the one served, when the searcher heard of it: the
-searcher has been over the bound since it heard of the first version more than the bound above what it
-serves, however the two moved in between. The clock is the caller's (monotonic), so a test sets the time.
+:class:`VersionLag` keeps the newest version announced, the version served, and since when the served one has
+been more than the bound behind. A version heard late (a watcher starved of CPU, or reading a backlog) counts
+from when it was published, as its manifest says, so the clock does not start late. The clock is the caller's
+(monotonic), so a test sets the time.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,32 +34,42 @@ class LagState:
 
 
 class VersionLag:
-    def __init__(self, bound: int | None, seconds: float, clock: Callable[[], float]) -> None:
+    def __init__(self, bound: int | None, seconds: float, clock: Callable[[], float], served: int = 0) -> None:
         """``bound``: the staleness bound in versions (None: no bound, so never lagging); ``seconds``: how long
         a searcher may stay more than ``bound`` behind."""
         self.bound = bound
         self.seconds = seconds
         self.clock = clock
-        self.newest = 0
-        self._heard: deque[tuple[int, float]] = deque()  # (version, when heard), versions increasing
+        self.newest = self.served = served
+        self._served_at = clock()
+        self._over_since: float | None = None
         self._lock = threading.Lock()
 
-    def heard(self, version: int, at: float | None = None) -> None:
-        """A version was announced (only a newer one than any heard counts)."""
+    def heard(self, version: int, age: float = 0.0) -> None:
+        """A version was announced, ``age`` seconds ago (only a newer one than any heard counts)."""
         with self._lock:
             if version > self.newest:
                 self.newest = version
-                self._heard.append((version, self.clock() if at is None else at))
+                self._update(max(self.clock() - max(0.0, age), self._served_at))
 
-    def state(self, served: int, now: float | None = None) -> LagState:
+    def serving(self, version: int) -> None:
+        """The engine now serves ``version``."""
+        with self._lock:
+            self.served, self._served_at = version, self.clock()
+            self.newest = max(self.newest, version)
+            self._update(self._served_at)
+
+    def _update(self, at: float) -> None:
+        over = self.bound is not None and self.newest - self.served > self.bound
+        if not over:
+            self._over_since = None
+        elif self._over_since is None:
+            self._over_since = at
+
+    def state(self, now: float | None = None) -> LagState:
         now = self.clock() if now is None else now
         with self._lock:
-            while self._heard and self._heard[0][0] <= served:  # caught up with these
-                self._heard.popleft()
-            newest = self.newest
-            since = None
-            if self.bound is not None:
-                since = next((t for v, t in self._heard if v - served > self.bound), None)
+            since, served, newest = self._over_since, self.served, self.newest
         over = 0.0 if since is None else max(0.0, now - since)
         return LagState(served, newest, since, over, since is not None and over > self.seconds)
 

@@ -136,6 +136,7 @@ class Searcher:
         )
         self.watcher = watcher if watcher is not None else build_watcher(settings, engine.version)
         self.watcher.current_version = engine.version
+        self.watcher.lag.serving(engine.version)
         self.registry = registry or CollectorRegistry()
         self.registry.register(StatusCollector(self.status))
         self.reload_seconds = reload_histogram(self.registry)
@@ -424,7 +425,7 @@ class Searcher:
                 f"(TBA_RELOAD_TIMEOUT_SECONDS={s.reload_timeout_seconds:g})"
             )
             return "reload_hung", reason, held
-        lag = self.watcher.lag.state(self.engine.version, now)
+        lag = self.watcher.lag.state(now)
         if lag.lagging:
             reason = (
                 f"serving v{lag.served}, {lag.behind} versions behind the newest announced v{lag.newest} "
@@ -438,7 +439,7 @@ class Searcher:
         groups_per_s, samples_per_s, tokens_per_s = self.rates.rates()
         pub = self.publisher.stats
         now = time.monotonic()
-        lag = self.watcher.lag.state(self.engine.version, now)
+        lag = self.watcher.lag.state(now)
         warning = self.warning(now)
         tally = self.lag_tally
         return {

@@ -73,6 +73,7 @@ class CheckpointWatcher:
         self.rejected = 0
         self.newest_seen = current_version
         self.lag = lag or VersionLag(None, 0.0, time.monotonic)
+        self.lag.serving(current_version)
         self.leases = LeaseKeeper(lambda: CheckpointLeases(client_factory(), keys), holder, lease_seconds)
         self.errors = 0  # exceptions a pass of the watcher raised (each logged; the watcher went on)
         self.last_error: str | None = None
@@ -117,6 +118,7 @@ class CheckpointWatcher:
         """The engine now serves ``ckpt``: its lease stays (a failed reload loads it back), the lease of the
         weights it served before (``previous``) goes."""
         self.current_version = ckpt.version
+        self.lag.serving(ckpt.version)
         if previous.parent == self.store.root and previous.name != ckpt.manifest.path:
             self.leases.release(previous.name)
 
@@ -199,7 +201,7 @@ class CheckpointWatcher:
             self.newest_seen = manifest.version
         if self._newest is None or manifest.version > self._newest.version:
             self._newest = manifest
-        self.lag.heard(manifest.version)
+        self.lag.heard(manifest.version, age=time.time() - manifest.created_at)
 
     def _refuse(self, manifest: CheckpointManifest, source: str, reason: str) -> None:
         self._rejected.add((manifest.version, manifest.content_hash))
@@ -314,6 +316,7 @@ class CheckpointWatcher:
             except PayloadError as err:
                 log.warning("ignoring a bad checkpoint announcement: %s", err)
                 continue
+            self._heard(manifest)  # each one: when it was published counts for the lag, not when it was read
             if newest is None or manifest.version > newest.version:
                 newest = manifest
         if newest is not None:
