@@ -92,3 +92,12 @@ def test_the_trainer_honours_a_searchers_keeper(redis_server, store, tmp_path: P
     finally:
         keeper.stop()
     assert keeper.held == set() and CheckpointLeases(redis_server.client(), KEYS).held() == {}
+
+
+def test_leases_work_alike_on_a_redis_cluster(redis_cluster, store) -> None:
+    """Both keys share the {ckpt} hash tag: each script runs in one slot of a cluster."""
+    leases = CheckpointLeases(redis_cluster.client(), Keys("cluster"))
+    assert leases.acquire("s-a", [step_name(2)], ttl=60) == [True]
+    assert store.prune(keep=1, grace_seconds=0, leases=leases) == [1, 3, 4]
+    assert leases.acquire("s-b", [step_name(2), step_name(5)], ttl=60) == [True, True]
+    assert leases.held() == {step_name(2): ["s-a", "s-b"], step_name(5): ["s-b"]}
