@@ -145,7 +145,8 @@ class Searcher:
         self.state = SearcherState.STARTING
         self.batches = self.groups_generated = self.samples_generated = self.tokens_generated = 0
         self.reloads = self.skipped_prompts = self.reload_failures = 0
-        self.reloading: tuple[int, float] | None = None  # (version, monotonic start) of the reload under way
+        self.clock = time.monotonic  # the clock of the lag rule and of a reload's timeout
+        self.reloading: tuple[int, float] | None = None  # (version, start on the clock) of the reload under way
         self.lag_tally = LagTally(settings.max_staleness)  # the version lag of what was generated
         # A multi-turn task's episodes: the trajectory's token budget, and the episodes that ended early, by
         # what failed (the environment's start or step, or a generation), which are not trained on.
@@ -232,7 +233,7 @@ class Searcher:
             return True
         self.state = SearcherState.RELOADING
         old, previous = self.engine.version, self.engine.weights_dir
-        self.reloading = (ckpt.version, time.monotonic())
+        self.reloading = (ckpt.version, self.clock())
         try:
             pause = self.engine.reload(ckpt.path, ckpt.version, stopping=lambda: self.stop.requested)
         except ReloadError as err:
@@ -416,7 +417,7 @@ class Searcher:
         """(kind, reason, seconds it has held) when the searcher does not keep up: a reload that has not returned
         within TBA_RELOAD_TIMEOUT_SECONDS ("reload_hung"), or a served version more than TBA_MAX_STALENESS behind
         the newest announced for longer than TBA_LAG_SECONDS ("lagging"); None when it does."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         s, reloading = self.settings, self.reloading
         if reloading is not None and now - reloading[1] > s.reload_timeout_seconds:
             held = now - reloading[1]
@@ -438,7 +439,7 @@ class Searcher:
     def status(self) -> dict:
         groups_per_s, samples_per_s, tokens_per_s = self.rates.rates()
         pub = self.publisher.stats
-        now = time.monotonic()
+        now = self.clock()
         lag = self.watcher.lag.state(now)
         warning = self.warning(now)
         tally = self.lag_tally

@@ -87,3 +87,42 @@ def test_tally_weights_by_samples_and_counts_those_too_stale() -> None:
     unbounded = LagTally(bound=None)
     unbounded.add(samples=5, lag=1000)
     assert unbounded.too_stale == 0
+
+
+def test_a_hung_reload_or_a_lag_makes_the_searcher_unready_with_the_reason(tmp_path) -> None:
+    """What /readyz answers (Searcher.ready): the reason, while a reload has not returned within
+    TBA_RELOAD_TIMEOUT_SECONDS or the searcher has lagged for longer than TBA_LAG_SECONDS; ready again after."""
+    from types import SimpleNamespace
+
+    from services.searcher.loop import Searcher
+    from services.searcher.watcher import CheckpointWatcher
+    from tba.checkpoints import CheckpointStore
+    from tba.keys import Keys
+    from tba.schemas import SearcherState
+    from tba.settings import SearcherSettings
+
+    clock = Clock()
+    settings = SearcherSettings(lag_seconds=60.0, reload_timeout_seconds=120.0)
+    lag = VersionLag(settings.max_staleness, settings.lag_seconds, clock)
+    searcher = object.__new__(Searcher)  # the readiness rule alone: no engine, no Redis
+    searcher.settings, searcher.state, searcher.reloading = settings, SearcherState.RUNNING, None
+    searcher.clock = clock
+    searcher.engine = SimpleNamespace(version=0)
+    searcher.watcher = CheckpointWatcher(lambda: None, Keys("t"), CheckpointStore(tmp_path), 5.0, lag=lag)
+    assert searcher.ready() == (True, "engine loaded, version 0")
+    searcher.state, searcher.reloading = SearcherState.RELOADING, (12, clock.now)
+    clock.now = 119.0
+    assert searcher.ready()[0]
+    clock.now = 121.0
+    ok, reason = searcher.ready()
+    assert not ok and reason.startswith("the reload to v12 has not returned after 121 s")
+    assert searcher.warning(clock.now)[0] == "reload_hung"
+    searcher.state, searcher.reloading = SearcherState.RUNNING, None
+    lag.heard(40)  # 40 behind from now on (121 s)
+    clock.now = 182.0
+    ok, reason = searcher.ready()
+    assert not ok and reason.startswith("serving v0, 40 versions behind the newest announced v40")
+    assert "(more than TBA_MAX_STALENESS=8) for 61 s (TBA_LAG_SECONDS=60)" in reason
+    lag.serving(36)  # a reload within the bound
+    searcher.engine.version = 36
+    assert searcher.ready() == (True, "engine loaded, version 36")
