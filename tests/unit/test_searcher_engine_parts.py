@@ -262,6 +262,9 @@ def test_the_engine_names_its_dtype_to_its_processes_which_drop_only_that_cast(m
     monkeypatch.setenv(CAST_DTYPE_ENV, env[CAST_DTYPE_ENV])
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # as in a process vLLM started
     monkeypatch.setattr(logger, "filters", [])
+    monkeypatch.setattr(logger, "disabled", False)
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # whatever an earlier test left the root logger at
     logger.addHandler(handler)
     try:
         configure_process()
@@ -271,6 +274,7 @@ def test_the_engine_names_its_dtype_to_its_processes_which_drop_only_that_cast(m
         logger.warning(CAST_WARNING, "norm.weight", torch.float16, torch.bfloat16)
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
     (casts,) = logger.filters
     assert isinstance(casts, IntendedCasts) and casts.dropped == 1
     assert len(seen) == 2 and "not loaded" in seen[0] and "torch.float16" in seen[1]
