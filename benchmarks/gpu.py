@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -47,7 +46,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trainer import BETA, T, alternate, compare_learner, service_learner
+from benchmarks.trainer import BETA, T, alternate, compare_learner, service_learner, synchronize
 
 VOCAB = 49152  # SmolLM2's tokenizer, for every size
 LLAMA: dict[str, Any] = dict(
@@ -245,7 +244,7 @@ def profile_step(config, batches: list, device: str, rows: int = 25) -> str:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with profile(activities=activities) as prof:
         learner.step(samples, BETA)
-        _synchronize(device)
+        synchronize(device)
     key = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
     return (
         prof.key_averages().table(sort_by=key, row_limit=rows)
@@ -330,7 +329,7 @@ def publish_part(config, device: str, work: Path, repeats: int) -> dict[str, Any
     tokenizer = build_tokenizer()
 
     def publish(step: int, optimizer_file: Path | None) -> tuple[float, Path]:
-        _synchronize(device)
+        synchronize(device)
         t0 = time.perf_counter()
         manifest = save_checkpoint(
             store,
@@ -367,39 +366,23 @@ def publish_part(config, device: str, work: Path, repeats: int) -> dict[str, Any
     }
 
 
-def _synchronize(device: str) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # --- the run record -----------------------------------------------------------------------------------------------
 
 
 def environment(device: str) -> dict[str, Any]:
-    """What the figures were measured on: the accelerator, the CPU, the library versions, the commit."""
-    import peft
+    """What the figures were measured on: the accelerator, the CPU, the library versions, the commit (the
+    checkout's, else ``TBA_COMMIT``: only the working tree travels to a GPU host, not its git history)."""
     import torch
-    import transformers
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in _read("/proc/cpuinfo").splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    from tba.run_record import code, cpu, packages
+
+    machine, versions = cpu(), packages(("torch", "transformers", "peft"))
     env: dict[str, Any] = {
-        "commit": os.environ.get("TBA_COMMIT", "unknown"),
+        "commit": code()["commit"] or os.environ.get("TBA_COMMIT", "unknown"),
         "device": device,
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
+        "cpu_model": machine["cpu_model"],
+        "cpu_count": machine["machine_cores"],
+        **versions,
     }
     if torch.device(device).type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -410,13 +393,6 @@ def environment(device: str) -> dict[str, Any]:
             "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         }
     return env
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
 
 
 def run(sizes: list[str], device: str, out: Path, smoke: bool = False) -> dict[str, Any]:

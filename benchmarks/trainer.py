@@ -294,7 +294,7 @@ def service_learner(model, pad_id: int, compute_dtype: str = "float32", token_bu
     )
 
 
-def _synchronize(device: str) -> None:
+def synchronize(device: str) -> None:
     """Wait for the device's queued work (CUDA runs asynchronously) before a timer is read."""
     import torch
 
@@ -388,11 +388,11 @@ def alternate(
     tokens = dict.fromkeys(arms, 0)
     for _ in range(rounds):
         for arm, step in arms.items():
-            _synchronize(device)
+            synchronize(device)
             t0 = time.perf_counter()
             for b in batches:
                 tokens[arm] += step(b)
-            _synchronize(device)
+            synchronize(device)
             times[arm] += time.perf_counter() - t0
     assert len(set(tokens.values())) == 1, f"the arms must see the same tokens: {tokens}"
     return {arm: tokens[arm] / times[arm] for arm in arms}

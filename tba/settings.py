@@ -85,13 +85,11 @@ class CommonSettings(BaseSettings):
 
     def write_resolved(self, service: str) -> None:
         """Write these settings (:meth:`public_dump`) to ``settings_file``, if set: what this service runs with,
-        every default resolved, for the run's record. Written aside and renamed, so a reader sees it whole."""
-        if self.settings_file is None:
-            return
-        tmp = self.settings_file.with_name(f".{self.settings_file.name}.tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"service": service, "settings": self.public_dump()}, indent=1, default=str))
-        os.replace(tmp, self.settings_file)
+        every default resolved, for the run's record."""
+        from tba.atomic import write_text
+
+        if self.settings_file is not None:
+            write_text(self.settings_file, json.dumps({"service": service, "settings": self.public_dump()}, indent=1))
 
     @field_validator("redis_url")
     @classmethod

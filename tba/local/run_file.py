@@ -12,10 +12,10 @@ password is redacted.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from tba.atomic import write_text
 from tba.run_record import provenance
 from tba.settings import redact_url
 
@@ -39,12 +39,8 @@ def settings_file(run_dir: Path, service: str) -> Path:
 
 
 def write(run_dir: Path, record: dict[str, Any]) -> Path:
-    """``run.json`` rewritten whole: aside, then renamed, so a reader never sees half of it."""
-    path = run_dir / RUN_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
+    """``run.json`` rewritten whole (:func:`tba.atomic.write_text`: a reader never sees half of it)."""
+    return write_text(run_dir / RUN_FILE, json.dumps(record, indent=1, default=str))
 
 
 def start_record(run: dict[str, Any], profile: dict[str, Any], services: dict[str, dict[str, str]]) -> dict[str, Any]:

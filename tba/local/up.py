@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tba.atomic import write_text
 from tba.health import free_port
 from tba.local import run_file
 from tba.local.checks import UsageError, check_args
@@ -645,10 +646,7 @@ class LocalRun:
             "endpoints": self.endpoints,
             "process_groups": {c.name: c.proc.pid for c in self.sup.children if c.proc is not None},
         }
-        path = self.run_dir / "summary.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        os.replace(tmp, path)
+        write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
         return summary
 
     def _shutdown(self, observer) -> int:
