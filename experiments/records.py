@@ -30,6 +30,16 @@ Each experiment's figures (its module says how each is measured):
 - ``single-runs``: runs on shared cores with their curves; ``ablations/pilots``: levers measured in pilots, each
   with the same session's figures without it.
 
+A benchmark's record (``python -m benchmarks.run`` writes one per part, under ``<data>/<part>/``) holds, beside
+the provenance: ``benchmark`` (the part), ``model`` (``tiny``, a pretrained model's name, or null where the part
+has no model), ``quick`` (a smoke run: its figures mean nothing), ``command``, ``load_average`` (the one-minute
+load at the start and at the end: the machines are shared), ``seconds``, ``settings`` (what the part ran with),
+``figures`` (each ``name``, ``value``, ``unit``, ``baseline`` (the bare baseline measured in the same run),
+``ratio``, ``target``) and ``notes``. A record converted from text may give a value, a baseline, a ratio or the
+load as ``[low, high]``: the range over its ``runs``. ``docker-smoke`` holds ``cases``, each a ``case``, its
+``phases`` in seconds as scripts/docker-smoke.sh reports them (``SMOKE_REPORT``) and its ``total_seconds``;
+``model-import`` holds what the import made of the model (``imported``).
+
 Fractions are fractions (accuracy 0.873, not 87.3), times are seconds, learning rates are floats.
 """
 
@@ -107,13 +117,13 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def record_name(task: str, minutes: float, record: dict[str, Any], extra: str = "") -> str:
-    """A record's file name: what it measures (task, budget), the code (commit), the CPU: never a machine's or a
-    session's number."""
+def record_name(task: str, minutes: float | None, record: dict[str, Any], extra: str = "") -> str:
+    """A record's file name: what it measures (task or benchmark, budget where it has one), the code (commit), the
+    CPU: never a machine's or a session's number."""
     ref = record.get("commit") or record.get("recorded_in") or "uncommitted"
     # "AMD EPYC, family 25 (AVX2)" -> amd-epyc-family-25
     cpu_name = re.sub(r"\(.*?\)|,", " ", record["machine"]["cpu_model"])
-    parts = [task, f"{minutes:g}min", ref, slug(cpu_name)[:40], extra]
+    parts = [task, "" if minutes is None else f"{minutes:g}min", ref, slug(cpu_name)[:40], extra]
     return "-".join(p for p in parts if p)
 
 

@@ -1,10 +1,11 @@
 """Every results page, docs/results/claims.json and README's results table, rendered from the committed records
 under docs/results/data/ (``python -m experiments.report``; ``--check`` says what is stale instead of writing).
 
-The experiments write records (experiments/records.py says what one holds); nothing here measures. A page
-is a pure function of the records, so a test can tell a page that no longer matches its data
-(tests/unit/test_results.py). Plots are drawn only from records that hold the curves (each evaluation's time
-and accuracy); a record converted from a text that kept only the times to targets has no plot.
+The experiments and the benchmarks (``python -m benchmarks.run``) write records (experiments/records.py says what
+one holds); nothing here measures. A page is a pure function of the records, so a test can tell a page that no
+longer matches its data (tests/unit/test_results.py). Plots are drawn only from records that hold the curves
+(each evaluation's time and accuracy); a record converted from a text that kept only the times to targets has no
+plot.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import records as data
-from experiments.report import ablations, claims, decoupling, pages
+from experiments.report import ablations, bench, claims, decoupling, pages
 from experiments.report import plots as figures
 
 ROOT = data.ROOT
@@ -23,18 +24,10 @@ README = ROOT / "README.md"
 START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 EXPERIMENTS = ("decoupling", "diversity", "redteam", "environments", "demo", "single-runs", "ablations")
 GPU_RECORD = "gpu-trainer.json"
-# The pages written by hand (benchmarks and what the tests cover), listed in the index but not rendered here.
-BY_HAND = {
-    "buffer-benchmark.md": "the buffer's ingest and sampling throughput against raw Redis",
-    "searcher-throughput.md": "the searcher's samples/s against bare vLLM",
-    "lora-fsdp.md": "LoRA and FSDP2: what is tested and the CPU figures",
-    "real-model.md": "SmolLM2-135M through the system",
-    "docker-smoke.md": "the Docker smoke run's timings",
-}
 
 
 def load(root: Path = data.DATA) -> claims.Records:
-    return {name: list(data.load(name, root)) for name in EXPERIMENTS}
+    return {name: list(data.load(name, root)) for name in EXPERIMENTS} | bench.load(root)
 
 
 def single_run_pages(recs: claims.Records) -> dict[str, tuple[str, dict[str, Any], str | None]]:
@@ -48,7 +41,8 @@ def single_run_pages(recs: claims.Records) -> dict[str, tuple[str, dict[str, Any
     return out
 
 
-def index(entries: list[dict[str, Any]], names: list[str]) -> str:
+def index(entries: list[dict[str, Any]], names: list[str], benchmarks: dict[str, str]) -> str:
+    """The index: the claims' table, then every page, the benchmarks' with what each measures."""
     lines = [
         "# Results",
         "",
@@ -64,11 +58,14 @@ def index(entries: list[dict[str, Any]], names: list[str]) -> str:
         "",
         "## Pages",
         "",
-        *(f"- [{n}]({n})" for n in names),
+        *(f"- [{n}]({n})" for n in names if n not in benchmarks),
         "",
-        "## Benchmarks and notes written by hand",
+        "## Benchmarks",
         "",
-        *(f"- [{n}]({n}): {what}" for n, what in BY_HAND.items()),
+        "The parts' throughput, latency and timings, each against a bare baseline measured in the same run where "
+        "one exists. `python -m benchmarks.run` writes the benchmarks' records.",
+        "",
+        *(f"- [{n}]({n}): {what}" for n, what in benchmarks.items()),
         "",
     ]
     return "\n".join(lines)
@@ -105,15 +102,19 @@ def build(root: Path = data.DATA, readme_text: str | None = None) -> dict[Path, 
     for _, record in recs["ablations"]:
         rows += record["rows"]
     out[results / "ablations.md"] = ablations.page(rows)
+    rendered = bench.render_all(recs)
+    for page, text in rendered.items():
+        out[results / page] = text
     gpu = root / GPU_RECORD
     if gpu.exists():
-        from benchmarks.gpu import render
+        from benchmarks.gpu import render as gpu_page
 
-        out[results / "gpu-trainer.md"] = render(json.loads(gpu.read_text()))
+        out[results / "gpu-trainer.md"] = gpu_page(json.loads(gpu.read_text()))
     entries = claims.claims(recs)
     out[results / "claims.json"] = json.dumps(entries, indent=1, ensure_ascii=False) + "\n"
     names = sorted(p.name for p in out if p.suffix == ".md")
-    out[results / "README.md"] = index(entries, names)
+    benchmarks = {page.file: page.what for page in bench.PAGES if page.file in rendered}
+    out[results / "README.md"] = index(entries, names, benchmarks)
     out[README] = readme(entries, README.read_text() if readme_text is None else readme_text)
     return out
 
