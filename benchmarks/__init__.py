@@ -2,7 +2,10 @@
 
 Each part is a module ``benchmarks/<part>.py`` with ``main() -> list[Figure]``; it
 measures on this machine, in the same run, both our figure and a bare baseline,
-so the ratio means something. :mod:`benchmarks.run` prints one table for all parts.
+so the ratio means something. Its ``settings(model, quick)`` says what it runs with.
+:mod:`benchmarks.run` prints one table for all parts and writes each part's record
+(experiments/records.py) under docs/results/data/<part>/, from which
+``python -m experiments.report`` renders the results pages.
 
 ``--model`` (a model directory or a packaged model's name) measures the parts that depend on the
 model (trainer, searcher) on that pretrained model instead of the tiny one: their ``main`` then takes
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,17 @@ class Figure:
     @property
     def ratio(self) -> float | None:
         return self.value / self.baseline if self.baseline else None
+
+    def as_record(self) -> dict[str, Any]:
+        """The figure as a record holds it (experiments/records.py); the part is the record's."""
+        return {
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "baseline": self.baseline,
+            "ratio": self.ratio,
+            "target": self.target,
+        }
 
 
 def format_table(figures: list[Figure]) -> str:

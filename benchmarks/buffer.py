@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -46,6 +47,22 @@ SAMPLE_CALLS = 100
 ROUNDS = 3
 P, K = 8, 20
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
+    """What the part runs with, for its record (it has no model and no quick form)."""
+    return {
+        "stored_samples": list(SIZES),
+        "samples_per_group": GROUP_SIZE,
+        "versions_per_prompt": VERSIONS,
+        "tokens_per_sample": TOKENS,
+        "ingest_groups": INGEST_GROUPS,
+        "sample_calls": SAMPLE_CALLS,
+        "prompts_per_call": P,
+        "samples_per_prompt": K,
+        "repeats": ROUNDS,
+        "redis": "its own redis-server: appendonly yes, appendfsync everysec, maxmemory-policy noeviction",
+    }
 
 
 def make_group(prompt: int, version: int, rng: random.Random) -> ScoredGroup:

@@ -18,13 +18,26 @@ import tempfile
 import time
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from benchmarks import Figure
-from benchmarks.searcher import _searcher_round, _settings, _start_redis, _timed_engine
+from benchmarks.searcher import _searcher_round, _settings, _timed_engine
 
 PART = "episodes"
 ROUNDS = 3
 BATCHES_PER_ROUND = 12
+PROMPTS_PER_BATCH = 8
+
+
+def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
+    """What the part runs with, for its record: the calculator task's SFT base, always."""
+    return {
+        "task": "calculator",
+        "model": "the calculator task's SFT base",
+        "prompts_per_batch": PROMPTS_PER_BATCH,
+        "batches_per_repeat": BATCHES_PER_ROUND,
+        "repeats": ROUNDS,
+    }
 
 
 def _bare_round(engine, scorer, batches, params) -> tuple[float, int, int]:
@@ -43,14 +56,21 @@ def main() -> list[Figure]:
     from services.searcher.loop import replica_seed
     from services.searcher.scorer import Scorer
     from tba.model.sft import ensure_base_model
+    from tba.redis_server import RedisServer
     from tba.tasks import make_task
 
     work = Path(tempfile.mkdtemp(prefix="tba-bench-episodes-"))
-    redis_proc, redis_url = _start_redis(work / "redis")
+    redis = RedisServer(work / "redis", appendonly=False).start()
+    redis_url = redis.url
     try:
         model = ensure_base_model(task="calculator")
         settings = _settings(
-            model, work, redis_url, task="calculator", prompts_per_batch=8, max_batches=BATCHES_PER_ROUND
+            model,
+            work,
+            redis_url,
+            task="calculator",
+            prompts_per_batch=PROMPTS_PER_BATCH,
+            max_batches=BATCHES_PER_ROUND,
         )
         task = make_task("calculator")
         engine, _ = _timed_engine(settings, model, version=0)
@@ -97,6 +117,5 @@ def main() -> list[Figure]:
             Figure(PART, "model turns per trajectory", turns / max(ours[1], 1), "turns"),
         ]
     finally:
-        redis_proc.kill()
-        redis_proc.wait()
+        redis.stop(kill=True)  # a throwaway server: nothing to flush
         shutil.rmtree(work, ignore_errors=True)

@@ -17,11 +17,24 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks import Figure
 
 PART = "eval"
 N_PROMPTS, NEW_TOKENS, ROUNDS = 200, 8, 3
+
+
+def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
+    """What the part runs with, for its record: the tiny model, random weights, always."""
+    return {
+        "task": "arithmetic",
+        "prompts": N_PROMPTS,
+        "new_tokens": NEW_TOKENS,
+        "repeats": ROUNDS,
+        "statistic": "median",
+        "torch_threads": 1,
+    }
 
 
 def _setup(tmp: Path):

@@ -22,11 +22,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks import Figure
 
 PART = "fsdp"
 STEPS = 4
+
+
+def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
+    """What the part runs with, for its record (``main`` takes its steps from here)."""
+    return {
+        "steps": 2 if quick else STEPS,
+        "timed_steps": "all but the first",
+        "prompts": 8,
+        "samples_per_prompt": 8,
+        "completion_tokens": [16, 47],
+        "token_budget": 4096,
+        "backend": "gloo",
+        "configurations": ["1 process, 1 thread", "1 process, 2 threads", "2 ranks, 1 thread each"],
+    }
 
 
 def _batch(vocab: int, prompts: int = 8, samples: int = 8, seed: int = 0):
@@ -117,7 +132,7 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
     try:
         model_dir = Path(model) if model is not None else init_model(work / "tiny", seed=0)
         name = model_label(model_dir) if model is not None else "tiny"
-        steps = 2 if quick else STEPS
+        steps = settings(model, quick)["steps"]
         one = _run(model_dir, work, "1 process, 1 thread", 1, 1, steps)
         both = _run(model_dir, work, "1 process, 2 threads", 1, 2, steps)
         two = _run(model_dir, work, "2 ranks, 1 thread each", 2, 1, steps)

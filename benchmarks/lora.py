@@ -20,12 +20,25 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks import Figure
 
 PART = "lora"
 RANK = 16
 REPEATS = 5
+
+
+def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
+    """What the part runs with, for its record (``main`` takes its repeats from here)."""
+    return {
+        "lora_rank": RANK,
+        "lora_alpha": 2.0 * RANK,
+        "targets": "every attention and MLP projection",
+        "repeats": 1 if quick else REPEATS,
+        "statistic": "median",
+        "max_model_len": 128,
+    }
 
 
 def _state(model_dir: Path, lora: bool):
@@ -94,7 +107,7 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
     try:
         model_dir = Path(model) if model is not None else init_model(work / "tiny", seed=0)
         name = model_label(model_dir) if model is not None else "tiny"
-        settings = SearcherSettings(
+        searcher = SearcherSettings(
             model=model_dir,
             redis_url="redis://127.0.0.1:1/0",
             namespace="bench",
@@ -105,8 +118,8 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
             kv_cache_gib=1,
             lora_rank=RANK,
         )
-        engine = Engine(settings, model_dir, version=0, seed=0)
-        repeats = 1 if quick else REPEATS
+        engine = Engine(searcher, model_dir, version=0, seed=0)
+        repeats = settings(model, quick)["repeats"]
         try:
             full = measure(model_dir, work, engine, "full", repeats)
             lora = measure(model_dir, work, engine, "lora", repeats)

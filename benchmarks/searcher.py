@@ -41,6 +41,7 @@ import tempfile
 import time
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 from benchmarks import Figure
 from tba.keys import Keys
@@ -66,6 +67,41 @@ MODEL_SETTINGS = dict(
     chat_template="on",
 )
 MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS = 2, 4, 5, 1
+# The tiny model's searcher settings (the SFT base's phase generates up to 16 tokens instead).
+TINY_SETTINGS = dict(
+    prompts_per_batch=16,
+    completions_per_prompt=8,
+    max_new_tokens=32,
+    max_model_len=128,
+    temperature=0.7,
+    kv_cache_gib=1,
+)
+SFT_MAX_NEW = 16
+
+
+def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
+    """What the part runs with, for its record."""
+    if model is None:
+        return TINY_SETTINGS | {
+            "repeats": ROUNDS,
+            "batches_per_repeat": BATCHES_PER_ROUND,
+            "sft_base_batches_per_repeat": REALISTIC_BATCHES_PER_ROUND,
+            "sft_base_max_new_tokens": SFT_MAX_NEW,
+            "reloads": RELOADS,
+            "spec_100m": SPEC_100M,
+        }
+    repeats, batches, reloads, ref_repeats = _model_counts(quick)
+    return MODEL_SETTINGS | {
+        "repeats": repeats,
+        "batches_per_repeat": batches,
+        "reloads": reloads,
+        "reference_pass_repeats": ref_repeats,
+    }
+
+
+def _model_counts(quick: bool) -> tuple[int, int, int, int]:
+    """With ``--model``: repeats, batches per repeat, reloads, reference-pass repeats (``--quick``: a smoke run)."""
+    return (1, 2, 2, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS)
 
 
 def _settings(model: Path, work: Path, redis_url: str, **kw):
@@ -78,13 +114,8 @@ def _settings(model: Path, work: Path, redis_url: str, **kw):
         checkpoint_dir=work / "ckpt",
         spill_dir=work / "spill",
         searcher_id="bench-0",
-        prompts_per_batch=16,
-        completions_per_prompt=8,
-        max_new_tokens=32,
-        max_model_len=128,
-        temperature=0.7,
-        kv_cache_gib=1,
         max_batches=BATCHES_PER_ROUND,
+        **TINY_SETTINGS,
     )
     return SearcherSettings(**(base | kw))
 
@@ -290,7 +321,7 @@ def realistic_throughput(work: Path, redis_url: str) -> list[Figure]:
     base = ensure_base_model(task="arithmetic")
     policy = work / "policy-v1"
     shutil.copytree(base, policy)  # the same weights from another directory: treated as a trained policy
-    settings = _settings(base, work, redis_url, max_new_tokens=16, max_batches=REALISTIC_BATCHES_PER_ROUND)
+    settings = _settings(base, work, redis_url, max_new_tokens=SFT_MAX_NEW, max_batches=REALISTIC_BATCHES_PER_ROUND)
     engine, _ = _timed_engine(settings, base, version=0)
     scorer = Scorer(settings, make_task("arithmetic"), settings.searcher_id)
     try:
@@ -431,9 +462,7 @@ def model_figures(model_dir: Path, work: Path, redis_url: str, quick: bool = Fal
     from tba.tasks import make_task
 
     name = model_label(model_dir)
-    rounds, batches, reloads, repeats = (
-        (1, 2, 2, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES_PER_ROUND, MODEL_RELOADS, MODEL_REF_REPEATS)
-    )
+    rounds, batches, reloads, repeats = _model_counts(quick)
     settings = _settings(model_dir, work, redis_url, max_batches=batches, **MODEL_SETTINGS)
     store, manifests = _copied_checkpoints(work, model_dir)
     engine, start_s = _timed_engine(settings, model_dir, version=0)

@@ -74,6 +74,32 @@ MODEL_ROUNDS, MODEL_BATCHES, MODEL_PUBLISHES = 2, 2, 3
 SAVE_PROMPTS, SAVE_COUNT = 32, 4  # --save-batches: batches sized for a GPU
 
 
+def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
+    """What the part runs with, for its record (:func:`model_figures` takes its counts from here)."""
+    common = {"samples_per_prompt": K, "temperature": T, "beta": BETA, "torch_threads": 1}
+    if model is None:
+        return common | {
+            "prompts": P,
+            "pool_prompts": POOL_PROMPTS,
+            "max_new_tokens": MAX_NEW,
+            "repeats": ROUNDS,
+            "batches": BATCHES,
+            "service_loop_steps": LOOP_STEPS,
+            "publish_every": LOOP_K,
+            "publish_repeats": {"tiny": 5, "100M": 3},
+            "spec_100m": SPEC_100M,
+        }
+    return common | {
+        "prompts": MODEL_P,
+        "pool_prompts": MODEL_P if quick else MODEL_POOL,
+        "max_new_tokens": MODEL_MAX_NEW,
+        "repeats": 1 if quick else MODEL_ROUNDS,
+        "batches": 1 if quick else MODEL_BATCHES,
+        "publish_repeats": 1 if quick else MODEL_PUBLISHES,
+        "chat_template": "on",
+    }
+
+
 def _wait(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -592,11 +618,16 @@ def main(model: Path | None = None, quick: bool = False) -> list[Figure]:
             print(f"[bench] trainer: buffer holds {stored} samples of {POOL_PROMPTS} prompts", flush=True)
             figures = learner_vs_bare(model_dir, _fetch(buffer_url, list(range(BATCHES))), pad_id)
             figures += service_loop(model_dir, work, redis_url, buffer_url, pad_id)
+            repeats = settings()["publish_repeats"]
             figures += publish_time(
-                work, redis_url, "tiny", init_model(work / "model-tiny", TinyModelSpec(), seed=0), repeats=5
+                work, redis_url, "tiny", init_model(work / "model-tiny", TinyModelSpec(), seed=0), repeats["tiny"]
             )
             figures += publish_time(
-                work, redis_url, "100M", init_model(work / "model-100M", TinyModelSpec(**SPEC_100M), seed=0), repeats=3
+                work,
+                redis_url,
+                "100M",
+                init_model(work / "model-100M", TinyModelSpec(**SPEC_100M), seed=0),
+                repeats["100M"],
             )
             return figures
     finally:
@@ -652,20 +683,18 @@ def model_figures(model_dir: Path, quick: bool = False) -> list[Figure]:
     from benchmarks import model_label
 
     label = model_label(model_dir)
-    rounds, count = (1, 1) if quick else (MODEL_ROUNDS, MODEL_BATCHES)
+    run = settings(model_dir, quick)
     work = Path(tempfile.mkdtemp(prefix="tba-bench-trainer-"))
     try:
         with _services(work) as (redis_url, buffer_url):
-            batches = model_batches(model_dir, redis_url, buffer_url, MODEL_P, count, MODEL_P if quick else MODEL_POOL)
-            figures = learner_vs_bare(model_dir, batches, _pad_id(model_dir), label, rounds)
+            batches = model_batches(model_dir, redis_url, buffer_url, MODEL_P, run["batches"], run["pool_prompts"])
+            figures = learner_vs_bare(model_dir, batches, _pad_id(model_dir), label, run["repeats"])
             print(
                 f"[bench] trainer: service loop (whole Trainer) skipped for --model {label}: "
                 "too slow at this size on the CPU",
                 flush=True,
             )
-            figures += publish_time(
-                work, redis_url, label, model_dir, repeats=1 if quick else MODEL_PUBLISHES, report_size=True
-            )
+            figures += publish_time(work, redis_url, label, model_dir, repeats=run["publish_repeats"], report_size=True)
             return figures
     finally:
         shutil.rmtree(work, ignore_errors=True)
