@@ -21,6 +21,11 @@ test-fast: install
 demo: install
 	$(TBA) up
 
+# make demo-real: SmolLM2-135M-Instruct learns reasoning-gym's chain_sum for 20 minutes (tba/local/profiles/real-model.toml)
+.PHONY: demo-real
+demo-real: install
+	$(TBA) up --profile real-model
+
 # make bench [MODEL=smollm2-135m-instruct]: MODEL (a directory or a packaged name) measures trainer and searcher on it
 bench: install
 	$(PY) -m benchmarks.run $(if $(MODEL),--model $(MODEL))

@@ -45,6 +45,7 @@ class Arm:
     env: dict[str, str] = field(default_factory=dict)  # extra TBA_ settings of this arm
     eval_every: float | None = None  # tba up --eval-every (default: its own, 30 s)
     eval_after: bool = False  # tba up --eval-after: checkpoints taken every eval_every, evaluated after the run
+    profile: str | None = None  # tba up --profile (default: its own, default)
 
     def command(self, seed: int, minutes: float, run_dir: Path, eval_prompts: int, keep_evaluated: bool) -> list[str]:
         return tba_command(
@@ -67,6 +68,7 @@ class Arm:
             placement=self.placement,
             eval_every=self.eval_every,
             eval_after=self.eval_after,
+            profile=self.profile,
         )
 
 

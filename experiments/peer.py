@@ -7,24 +7,27 @@ so that a run of this module and a run of ``tba up`` compare side by side. TRL's
 with transformers' ``generate`` and trains on its own samples, exactly on-policy, one process.
 
 Configuration (:data:`GRPO`, every field written into the run's ``summary.json``): P=8 prompts x G=8
-completions per step (64 samples, as the TBA recipe's step), temperature 0.7 over the full distribution
-(top_k 0), up to 64 new tokens, AdamW at a constant 1e-5, KL coefficient beta 0.05 (TRL's k3 estimator
-against the initial weights), TRL's default loss (``dapo``) and group-scaled advantages, gradients
-clipped at 1, float32 on the CPU.
+completions per step (64 samples, as the TBA recipe's step), the searchers' temperature over the full
+distribution (top_k 0), the searchers' completion length, AdamW at a constant 1e-5, KL coefficient beta 0.05
+(TRL's k3 estimator against the initial weights), TRL's default loss (``dapo``) and group-scaled advantages,
+gradients clipped at 1, float32 on the CPU. The work itself (model, task and options, completion length,
+system prompt, temperature, held-out prompts) comes from a ``tba up`` profile (``--profile``, default
+``real-model``), so that the peer and the recipe cannot drift apart.
 
 Time runs from the start of training; the held-out evaluation (every ``--eval-every`` seconds of training,
 and at the start and the end) pauses the clock, as ``tba up``'s evaluation runs beside the trainer without
 holding it up. ``summary.json`` holds ``evaluations`` (``t``, ``step``, ``accuracy``) in the shape of a
 ``tba up`` run's, so the experiments' time-to-target functions read both.
 
-``python -m experiments.peer --minutes 20 --seed 0 --out runs/peer-0`` (``--model``, ``--task``,
-``--task-options`` as ``tba up`` takes them).
+``python -m experiments.peer --minutes 20 --seed 0 --out runs/peer-0`` (``--profile``; ``--model``, ``--task``,
+``--task-options`` override the profile's, as ``tba up`` takes them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -239,48 +242,83 @@ def run(
     return summary
 
 
+def recipe(profile_name: str) -> dict[str, Any]:
+    """The work a ``tba up`` profile describes, as this peer takes it: the model, the task and its options, the
+    completion length, the system prompt and the sampling temperature the searchers use, the held-out prompts."""
+    from tba.local.checks import profile_env
+    from tba.local.profile import Profile
+    from tba.settings import SearcherSettings, load_settings
+
+    profile = Profile.load(profile_name)
+    task = os.environ.get("TBA_TASK") or profile.run.get("task", "arithmetic")
+    with profile_env(profile.settings("searcher", None)):
+        s = load_settings(SearcherSettings, task=task)
+    return {
+        "model": profile.run.get("base-model"),
+        "task": task,
+        "task_options": s.task_options,
+        "eval_prompts": profile.run.get("eval-prompts", 48),
+        "max_new_tokens": s.max_new_tokens,
+        "system_prompt": s.system_prompt,
+        "chat_template": s.chat_template,
+        "temperature": s.temperature,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.peer", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="model directory or packaged model name")
-    parser.add_argument("--task", default="reasoning-gym")
     parser.add_argument(
-        "--task-options",
-        default=json.dumps(
-            {
-                "dataset": "chain_sum",
-                "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
-                "reader": "lenient",
-            }
-        ),
-        help="task options as JSON (default: the real-model recipe's task)",
+        "--profile",
+        default="real-model",
+        help="the tba up profile whose work this peer does: model, task and options, completion length, system "
+        "prompt, temperature and held-out prompts (default: real-model); the flags below override it",
     )
+    parser.add_argument("--model", default=None, help="model directory or packaged model name")
+    parser.add_argument("--task", default=None)
+    parser.add_argument("--task-options", default=None, help="task options as JSON")
     parser.add_argument(
         "--minutes", type=float, default=20.0, help="training budget (wall clock, evaluations excluded)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-prompts", type=int, default=48)
+    parser.add_argument("--eval-prompts", type=int, default=None)
     parser.add_argument("--eval-every", type=float, default=30.0, help="seconds of training between evaluations")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", type=Path, required=True, help="run directory (summary.json, evals.jsonl)")
     args = parser.parse_args(argv)
+    from tba.local.profile import ProfileError
+    from tba.settings import SettingsError
+
     try:
-        options = json.loads(args.task_options)
-    except ValueError:
-        parser.error(f"--task-options is not valid JSON: {args.task_options!r}")
-    if args.minutes <= 0 or args.eval_every <= 0 or args.eval_prompts < 1:
+        work = recipe(args.profile)
+    except (ProfileError, SettingsError) as err:
+        parser.error(f"--profile: {err}")
+    if args.task_options is not None:
+        try:
+            work["task_options"] = json.loads(args.task_options)
+        except ValueError:
+            parser.error(f"--task-options is not valid JSON: {args.task_options!r}")
+    for name in ("model", "task", "eval_prompts"):
+        if getattr(args, name) is not None:
+            work[name] = getattr(args, name)
+    if args.minutes <= 0 or args.eval_every <= 0 or work["eval_prompts"] < 1:
         parser.error("need --minutes > 0, --eval-every > 0 and --eval-prompts >= 1")
+    if work["model"] is None:
+        parser.error(f"--model: the profile {args.profile!r} names no base model")
     from tba.model.importer import resolve_model
 
     run(
-        resolve_model(args.model),
-        args.task,
-        options,
+        resolve_model(work["model"]),
+        work["task"],
+        work["task_options"],
         args.minutes,
         args.seed,
         args.out,
-        eval_prompts=args.eval_prompts,
+        eval_prompts=work["eval_prompts"],
         eval_every=args.eval_every,
+        chat_template=work["chat_template"],
+        system_prompt=work["system_prompt"],
         threads=args.threads,
+        overrides={"max_completion_length": work["max_new_tokens"], "temperature": work["temperature"]},
     )
     return 0
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from experiments import records as data
-from experiments.report import ablations, bench, claims, decoupling, pages
+from experiments.report import ablations, bench, claims, decoupling, pages, real_model
 from experiments.report import plots as figures
 
 ROOT = data.ROOT
 README = ROOT / "README.md"
 START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
-EXPERIMENTS = ("decoupling", "diversity", "redteam", "environments", "demo", "single-runs", "ablations")
+EXPERIMENTS = ("decoupling", "diversity", "redteam", "environments", "real-model", "demo", "single-runs", "ablations")
 GPU_RECORD = "gpu-trainer.json"
 
 
@@ -93,6 +93,7 @@ def build(root: Path = data.DATA, readme_text: str | None = None) -> dict[Path, 
         ("redteam", pages.redteam, "redteam.md"),
         ("environments", pages.environments, "environments.md"),
         ("demo", pages.demo, "demo.md"),
+        ("real-model", real_model.page, real_model.PAGE),
     ):
         if recs[experiment]:
             out[results / page] = render(recs[experiment])

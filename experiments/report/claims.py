@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from experiments.report import decoupling, md, pages
+from experiments.report import decoupling, md, pages, real_model
 
 Record = dict[str, Any]
 Records = dict[str, list[tuple[str, Record]]]
@@ -29,7 +29,7 @@ def entry(claim_id: str, claim: str, page: str, record: Record, names: list[str]
         "claim": claim,
         "page": f"docs/results/{page}",
         "task": fields.pop("task", record.get("task")),
-        "model": MODEL,
+        "model": fields.pop("model", MODEL),
         "cpu_model": machine.get("cpu_model", "unknown"),
         "cores": machine.get("cores"),
         "commit": record.get("commit"),
@@ -200,6 +200,7 @@ CLAIMS: list[Callable[[Records], dict[str, Any] | None]] = [
     diversity_claim,
     redteam_claim,
     environments_claim,
+    lambda r: real_model.claim(r["real-model"], entry),
     demo_claim,
 ]
 
@@ -217,7 +218,8 @@ def table(entries: list[dict[str, Any]], prefix: str) -> str:
         rows.append(
             [
                 f"[{c['claim']}]({prefix}{page})",
-                f"{c['task']}, {c['budget']}, {c['seeds']} seed{'s' if c['seeds'] != 1 else ''}",
+                ("" if c["model"] == MODEL else f"{c['model']}, ")
+                + f"{c['task']}, {c['budget']}, {c['seeds']} seed{'s' if c['seeds'] != 1 else ''}",
                 c["result"],
                 c["cpu_model"],
                 c["settings"],

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -473,6 +474,7 @@ class Searcher:
             "generate_seconds": round(self.generate_seconds, 3),
             "score_seconds": round(self.score_seconds, 3),
             "reload_seconds": round(self.reload_seconds_total, 3),
+            "time": self.time_split(),
             "rejected_checkpoints": self.watcher.rejected,
             "reload_failures": self.reload_failures,
             "vanished_checkpoints": self.watcher.vanished,
@@ -498,6 +500,24 @@ class Searcher:
             "redis_error": pub.last_error,
             "ready": int(self.ready()[0]),
             "uptime_s": round(time.monotonic() - self._started, 3),
+        }
+
+    def time_split(self) -> dict[str, Any]:
+        """Where the generating thread's time went since the loop started (seconds): generating, reloads'
+        pauses, paced waits, and the rest (handing batches to the scoring thread, drawing prompts); the scoring
+        thread's own time beside it (it overlaps generation); the fraction of the wall spent generating."""
+        wall = time.monotonic() - self._started
+        parts = {
+            "generate": self.generate_seconds,
+            "reload": self.reload_seconds_total,
+            "paced": self.pacer.waited_seconds,
+        }
+        parts["other"] = max(0.0, wall - sum(parts.values()))
+        return {
+            "wall_s": round(wall, 3),
+            "seconds": {k: round(v, 3) for k, v in parts.items()},
+            "score_thread_s": round(self.score_seconds, 3),
+            "generating_fraction": round(self.generate_seconds / max(wall, 1e-9), 4),
         }
 
     def close(self) -> None:

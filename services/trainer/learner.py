@@ -46,7 +46,12 @@ class StepResult:
     grad_norm: float
     lr: float
     staleness: dict[int, int] = field(default_factory=dict)
-    ref_seconds: float = 0.0  # of ``seconds``: the reference pass (TBA_REF_PASS=trainer)
+    # Where ``seconds`` went: the reference pass (TBA_REF_PASS=trainer), the policy's forward (log-probs and
+    # loss), its backward, and the optimizer (clipping and the update); the rest is batch planning.
+    ref_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
 
 
 class Learner:
@@ -83,7 +88,8 @@ class Learner:
         self.compute_dtype = compute_dtype
         self.ranks = ranks  # under torchrun: this rank computes its share of each batch (distributed.py)
         self.reference = reference  # log pi_ref of the samples that arrive without it (TBA_REF_PASS=trainer)
-        self.ref_seconds = 0.0  # the reference pass's share of the current step
+        # The current step's time by part (StepResult's fields of the same names).
+        self.ref_seconds = self.forward_seconds = self.backward_seconds = 0.0
         # A micro-batch holds whole prompts: each prompt and its completions' shared prefixes computed once.
         self.logprobs = shared_prefix_logprobs if prefix_sharing and takes_tree_mask(model) else sequence_logprobs
 
@@ -99,6 +105,7 @@ class Learner:
         tokens = prompts = 0
         for mb in micro:
             log_ref = self.log_ref(mb)
+            start = time.perf_counter()
             with autocast(self.device, self.compute_dtype):
                 log_pi = self.logprobs(self.model, mb.prompts, mb.completions, self.temperature, self.pad_id, mb.scored)
             x = LossInput(
@@ -109,7 +116,10 @@ class Learner:
                 log_behaviour=None if mb.log_behaviour.isnan().any() else mb.log_behaviour.to(self.device),
             )
             out = self.loss_fn(x, beta, denom)
+            backward_start = time.perf_counter()
+            self.forward_seconds += backward_start - start
             (out.loss * self.ranks.world).backward()  # FSDP averages the ranks' gradients: make it their sum
+            self.backward_seconds += time.perf_counter() - backward_start
             for k, v in out.metrics.items():
                 totals[k] += v
             tokens += mb.tokens
@@ -142,7 +152,8 @@ class Learner:
         Under torchrun every rank is given the whole batch and computes the loss on its share of the prompts."""
         if not rows:
             raise ValueError("an optimizer step needs at least one sample")
-        start, self.ref_seconds = time.perf_counter(), 0.0
+        start = time.perf_counter()
+        self.ref_seconds = self.forward_seconds = self.backward_seconds = 0.0
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ranks.distributed:
@@ -151,6 +162,7 @@ class Learner:
             metrics, tokens, n_micro = _summed(self.ranks.all_gather(self.accumulate(micro, beta, len(rows), most)))
         else:
             metrics, tokens, n_micro = self.accumulate(plan_micro_batches(rows, self.token_budget), beta, len(rows))
+        optimizer_start = time.perf_counter()
         grad_norm = self._clip_gradients()
         lr = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(grad_norm):
@@ -159,6 +171,7 @@ class Learner:
             metrics["skipped_nonfinite"] = 1.0
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        optimizer_seconds = time.perf_counter() - optimizer_start
         return StepResult(
             metrics=metrics,
             samples=len(rows),
@@ -170,6 +183,9 @@ class Learner:
             lr=lr,
             staleness=staleness_histogram(rows),
             ref_seconds=self.ref_seconds,
+            forward_seconds=self.forward_seconds,
+            backward_seconds=self.backward_seconds,
+            optimizer_seconds=optimizer_seconds,
         )
 
     def _clip_gradients(self) -> float:

@@ -25,6 +25,11 @@ from tba.tracking import Tracker
 log = logging.getLogger("services.trainer.progress")
 
 STATES = ("starting", "warmup", "training", "waiting", "done")
+# The parts of the trainer's time in /status's ``time``: getting each batch from the buffer (waits included),
+# the reference pass, the policy's forward and backward, the optimizer, publishing checkpoints; "other" is
+# the rest of the wall time (batch checks, metrics, logging).
+TIME_PARTS = ("fetch", "reference", "forward", "backward", "optimizer", "publish")
+BUSY_PARTS = ("reference", "forward", "backward", "optimizer", "publish")
 # Figures only some losses or settings report: in a step's row (and as gauges) when its loss gave them.
 LOSS_METRICS = ("advantage_abs_mean", "behaviour_log_ratio_abs", "importance_weight_mean", "importance_clipped")
 
@@ -39,6 +44,10 @@ class TrainerMetrics:
         self.tracker: Tracker | None = None  # TensorBoard / W&B, set by the trainer's main rank
         self._lock = threading.Lock()
         self._publishes, self._publish_seconds = 0, 0.0  # checkpoints published by this process, their time
+        # Where this process's time goes from the request for its first batch on (seconds, by part: TIME_PARTS).
+        self._time: dict[str, float] = dict.fromkeys(TIME_PARTS, 0.0)
+        self._time_origin: float | None = None
+        self._time_until = 0.0  # the end of the last step or publish counted: a step under way is not
         self._status: dict[str, Any] = {
             "state": "starting",
             "step": 0,
@@ -141,6 +150,9 @@ class TrainerMetrics:
         """A checkpoint was published in ``seconds``; ``/status`` keeps the mean (a synchronous step's part)."""
         self.checkpoint_seconds.observe(seconds)
         with self._lock:
+            if self._time_origin is not None:
+                self._time["publish"] += seconds
+                self._time_until = time.monotonic()
             self._publishes += 1
             self._publish_seconds += seconds
             self._status["publish_s_mean"] = round(self._publish_seconds / self._publishes, 4)
@@ -156,7 +168,20 @@ class TrainerMetrics:
         with self._lock:
             out = dict(self._status)
             out["samples_trained_by_searcher"] = dict(out["samples_trained_by_searcher"])
+            out["time"] = self._time_split()
             return out
+
+    def _time_split(self) -> dict[str, Any]:
+        """Seconds by part from the request for the first batch to the end of the last step or publish, that wall
+        time, and the busy fraction (the trainer's own work over the wall time: what is not fetching a batch or
+        bookkeeping)."""
+        if self._time_origin is None:
+            return {}
+        wall = self._time_until - self._time_origin
+        parts = {k: round(v, 3) for k, v in self._time.items()}
+        parts["other"] = round(max(0.0, wall - sum(self._time.values())), 3)
+        busy = sum(self._time[k] for k in BUSY_PARTS)
+        return {"wall_s": round(wall, 3), "seconds": parts, "busy_fraction": round(busy / max(wall, 1e-9), 4)}
 
     def record(
         self,
@@ -189,6 +214,9 @@ class TrainerMetrics:
             "micro_batches": result.micro_batches,
             "step_s": round(result.seconds, 4),
             "ref_s": round(result.ref_seconds, 4),
+            "forward_s": round(result.forward_seconds, 4),
+            "backward_s": round(result.backward_seconds, 4),
+            "optimizer_s": round(result.optimizer_seconds, 4),
             "wait_s": round(wait_s, 4),
             "wait_reason": wait_reason,
             "reuse": None if reuse is None else round(reuse, 4),
@@ -226,6 +254,17 @@ class TrainerMetrics:
             )
             self._status["waiting_for"] = None
             self._status["staleness"] = row["staleness_hist"]
+            if self._time_origin is None:  # from when the first batch was asked for
+                self._time_origin = time.monotonic() - result.seconds - wait_s
+            for part, seconds in (
+                ("fetch", wait_s),
+                ("reference", result.ref_seconds),
+                ("forward", result.forward_seconds),
+                ("backward", result.backward_seconds),
+                ("optimizer", result.optimizer_seconds),
+            ):
+                self._time[part] += seconds
+            self._time_until = time.monotonic()
             trained = self._status["samples_trained_by_searcher"]
             for searcher, count in (by_searcher or {}).items():
                 trained[searcher] = trained.get(searcher, 0) + count

@@ -7,15 +7,17 @@ model's directory, the CPU lists), which the rest of the launcher reads from ``a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from tba.health import free_port
-from tba.local.placement import separate_cores, split_cpus
-from tba.local.profile import Profile, ProfileError
+from tba.local.placement import placement, separate_cores, split_cpus
+from tba.local.profile import RUN_FLAGS, Profile, ProfileError
 from tba.procs import parse_cpu_list
 
 
@@ -31,6 +33,11 @@ def check_args(args: argparse.Namespace) -> None:
     from tba.settings import SearcherSettings, TrainerSettings, load_settings
     from tba.tasks import make_task
 
+    try:
+        args.profile = args.profile if isinstance(args.profile, Profile) else Profile.load(args.profile)
+    except ProfileError as err:
+        raise UsageError(f"--profile: {err}") from None
+    apply_run_table(args)
     if not 0.5 <= args.eval_every <= 86400:
         raise UsageError(f"--eval-every must be in [0.5, 86400] seconds, got {args.eval_every:g}")
     if args.eval_prompts < 1:
@@ -43,31 +50,17 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--wandb / TBA_WANDB must be off, offline or online, got {args.wandb!r}")
     if args.wandb != "off" and importlib.util.find_spec("wandb") is None:
         raise UsageError(f"--wandb {args.wandb} needs Weights & Biases: pip install 'tba[wandb]'")
-    try:
-        args.profile = args.profile if isinstance(args.profile, Profile) else Profile.load(args.profile)
-    except ProfileError as err:
-        raise UsageError(f"--profile: {err}") from None
     if shutil.which("redis-server") is None:
         raise UsageError("redis-server not found: apt-get install -y redis-server")
-    # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths).
-    args.searcher_settings = load_settings(SearcherSettings, task=args.task)
-    try:
-        task = make_task(args.task, args.searcher_settings.task_options)
-    except ValueError as err:
-        raise UsageError(f"--task: {err}") from None
-    args.served = None
-    if args.env_server:
-        args.served = served_task(args.task, task, args.searcher_settings.task_options, free_port())
-        args.task = "openenv"
-        args.searcher_settings = load_settings(SearcherSettings, task="openenv", task_options=args.served.options)
-    args.trainer_settings = load_settings(  # the trainer's settings as tba up will start it
-        TrainerSettings,
-        trainer_procs=args.trainer_procs,
-        mode=args.mode,
-        loss=args.loss,
-        max_steps=args.max_steps,
-        max_seconds=max(1.0, args.minutes * 60),
-    )
+    with profile_env(args.profile.settings("trainer", None)):
+        args.trainer_settings = load_settings(  # the trainer's settings as tba up will start it
+            TrainerSettings,
+            trainer_procs=args.trainer_procs,
+            mode=args.mode,
+            loss=args.loss,
+            max_steps=args.max_steps,
+            max_seconds=max(1.0, args.minutes * 60),
+        )
     args.trainer_procs = args.trainer_settings.trainer_procs
     try:
         args.trainer_cpus = _placement(args.trainer_cpus, "--trainer-cpus")
@@ -89,6 +82,19 @@ def check_args(args: argparse.Namespace) -> None:
             "--backfill puts searchers on the trainer's cores: it needs search and training on cores of their own "
             "(--placement split, or --searcher-cpus and --trainer-cpus)"
         )
+    # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths): as the
+    # searchers will read them, the profile's included.
+    with profile_env(args.profile.settings("searcher", placement(args))):
+        args.searcher_settings = load_settings(SearcherSettings, task=args.task)
+    try:
+        task = make_task(args.task, args.searcher_settings.task_options)
+    except ValueError as err:
+        raise UsageError(f"--task: {err}") from None
+    args.served = None
+    if args.env_server:
+        args.served = served_task(args.task, task, args.searcher_settings.task_options, free_port())
+        args.task = "openenv"
+        args.searcher_settings = load_settings(SearcherSettings, task="openenv", task_options=args.served.options)
     if args.base_model is not None:
         from tba.model.importer import ModelImportError, resolve_model
 
@@ -101,6 +107,37 @@ def check_args(args: argparse.Namespace) -> None:
                 f"--base-model: {args.base_model} is neither a model directory (no config.json) nor a packaged "
                 "model's name"
             )
+
+
+@contextlib.contextmanager
+def profile_env(values: dict[str, str]) -> Iterator[None]:
+    """The environment as a service started by ``tba up`` sees it: the profile's ``values`` where the environment
+    sets nothing (the environment wins), for settings read here as the service will read them."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def apply_run_table(args: argparse.Namespace) -> None:
+    """The flags not given on the command line (None) from the profile's ``[run]`` table, else their defaults;
+    ``args.run_sources`` says where each came from (for ``--print-config``)."""
+    args.run_sources = {}
+    for flag, (_, default) in RUN_FLAGS.items():
+        dest = flag.replace("-", "_")
+        if getattr(args, dest) is not None:
+            source = "environment" if flag == "task" and os.environ.get("TBA_TASK") == args.task else "tba up flags"
+        elif flag in args.profile.run:
+            setattr(args, dest, args.profile.run[flag])
+            source = f"profile {args.profile.label}"
+        else:
+            setattr(args, dest, default)
+            source = "tba up's default"
+        if getattr(args, dest) is not None:
+            args.run_sources[flag] = (str(getattr(args, dest)), source)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tba.local.cpu_usage import read_cpu_times
 from tba.schemas import SearcherState
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -79,6 +80,7 @@ class Observer:
                         "trainer": snap.trainer,
                         "buffer": _buffer_brief(snap.buffer),
                         "searchers": snap.searchers,
+                        "cpus": read_cpu_times(),
                     },
                     default=str,
                 )

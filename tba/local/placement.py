@@ -55,8 +55,9 @@ def service_defaults(args: argparse.Namespace, service: str, i: int = 0) -> dict
 def config_layers(args: argparse.Namespace) -> dict[str, dict[str, tuple[str, str]]]:
     """Per service, every variable ``tba up`` sets over the service's own defaults, with its value and where it
     comes from: the run's flags, the profile (under this run's placement), where the process runs, or the
-    environment, which wins over the last three. Addresses, ports and paths of the run are left out."""
-    profile = f"profile {args.profile.path.name}"
+    environment, which wins over the last three; first, under ``run``, the run's own flags that a profile may
+    set. Addresses, ports and paths of the run are left out."""
+    profile = f"profile {args.profile.label}"
     from_flags = {"TBA_TASK": args.task, "TBA_SEED": str(args.seed)}
     trainer_flags = {
         "TBA_MODE": args.mode,
@@ -67,7 +68,8 @@ def config_layers(args: argparse.Namespace) -> dict[str, dict[str, tuple[str, st
     }
     services = {"buffer": ("buffer", 0), "trainer": ("trainer", 0)}
     services |= {f"searcher-{i}": ("searcher", i) for i in range(args.searchers + args.backfill)}
-    out: dict[str, dict[str, tuple[str, str]]] = {}
+    # The run itself: the flags a profile's [run] table may set, and where each value came from.
+    out: dict[str, dict[str, tuple[str, str]]] = {"run": {f"--{k}": v for k, v in args.run_sources.items()}}
     for name, (service, i) in services.items():
         values = {
             k: (v, "tba up flags") for k, v in (from_flags | (trainer_flags if service == "trainer" else {})).items()

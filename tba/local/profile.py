@@ -9,19 +9,36 @@ comes from.
 
 A profile is TOML: tables ``[all]``, ``[trainer]``, ``[searcher]``, ``[buffer]`` of ``TBA_NAME = value``, and
 the same with a condition after a dot (``[searcher.shared-cores]``) applying only under it
-(:data:`CONDITIONS`).
+(:data:`CONDITIONS`); ``base = "default"`` at the top applies the file over another profile; and ``[run]``,
+what the run itself is (``tba up``'s flags of :data:`RUN_FLAGS`: the task,
+the base model, the budget, the evaluations), so that a recipe is one file: ``tba up --profile real-model``.
+A flag given on the command line wins over ``[run]``.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 PROFILES = Path(__file__).with_name("profiles")
 DEFAULT = "default"
 SERVICES = ("all", "trainer", "searcher", "buffer")
+RUN = "run"
+KINDS = {str: "a string", int: "an integer", float: "a number"}
+BASE = "base"  # a top-level key: the profile this one is applied over (its settings stand where this one is silent)
+# tba up's flags a profile's [run] table may set, with their type and their default where no profile sets them
+# (--task: the environment's TBA_TASK comes before the profile).
+RUN_FLAGS: dict[str, tuple[type, Any]] = {
+    "task": (str, "arithmetic"),
+    "base-model": (str, None),
+    "minutes": (float, 10.0),
+    "eval-prompts": (int, 200),
+    "eval-every": (float, 30.0),
+    "searchers": (int, None),
+    "backfill": (int, None),
+}
 CONDITIONS = {
     "shared-cores": "searchers and the trainer on the same cores",
     "separate-cores": "searchers and the trainer on cores of their own",
@@ -52,6 +69,13 @@ class Placement:
 class Profile:
     path: Path
     tables: dict[tuple[str, str | None], dict[str, str]]  # (service, condition or None) -> settings
+    run: dict[str, Any] = field(default_factory=dict)  # [run]: flag name (as RUN_FLAGS) -> value
+    bases: tuple[str, ...] = ()  # the profiles this one is applied over, nearest first
+
+    @property
+    def label(self) -> str:
+        """Where a setting comes from, as ``--print-config`` and run.json name it."""
+        return " over ".join((self.path.name, *self.bases))
 
     @classmethod
     def load(cls, name: str | Path = DEFAULT) -> Profile:
@@ -64,18 +88,48 @@ class Profile:
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise ProfileError(f"profile {path}: {err}") from None
-        return cls(path, _tables(path, data))
+        base = data.pop(BASE, None)
+        own = cls(path, _tables(path, {k: v for k, v in data.items() if k != RUN}), _run_table(path, data.get(RUN, {})))
+        if base is None:
+            return own
+        if not isinstance(base, str) or Path(base).stem == path.stem:
+            raise ProfileError(f"profile {path}: {BASE} = {base!r} must name another profile")
+        return Profile.load(base if base.endswith(".toml") else base).under(own)
 
-    def settings(self, service: str, placement: Placement) -> dict[str, str]:
+    def under(self, other: Profile) -> Profile:
+        """``other`` applied over this profile: each of its tables' settings, and its ``[run]`` flags, win."""
+        tables = {key: dict(values) for key, values in self.tables.items()}
+        for key, values in other.tables.items():
+            tables.setdefault(key, {}).update(values)
+        return Profile(other.path, tables, {**self.run, **other.run}, (self.path.name, *self.bases))
+
+    def settings(self, service: str, placement: Placement | None) -> dict[str, str]:
         """The profile's settings for ``service`` under ``placement``: ``[all]``, then the service's own, each
-        followed by its tables whose condition holds (a later table wins)."""
+        followed by its tables whose condition holds (a later table wins; None: no condition's table)."""
         out: dict[str, str] = {}
         for table in ("all", service):
             out.update(self.tables.get((table, None), {}))
             for (name, condition), values in self.tables.items():
-                if name == table and condition is not None and placement.holds(condition):
+                if name == table and condition is not None and placement and placement.holds(condition):
                     out.update(values)
         return out
+
+
+def _run_table(path: Path, body: Any) -> dict[str, Any]:
+    """``[run]``: tba up's flags, each of its type (an int where a float is asked is taken)."""
+    if not isinstance(body, dict):
+        raise ProfileError(f"profile {path}: [run] must be a table of tba up's flags")
+    out = {}
+    for key, value in body.items():
+        if key not in RUN_FLAGS:
+            raise ProfileError(f"profile {path}: [run] {key}: not one of {', '.join(RUN_FLAGS)}")
+        kind = RUN_FLAGS[key][0]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ProfileError(f"profile {path}: [run] {key}: {value!r} is not {KINDS[kind]}")
+        out[key] = value
+    return out
 
 
 def _tables(path: Path, data: dict[str, Any]) -> dict[tuple[str, str | None], dict[str, str]]:
@@ -101,7 +155,7 @@ def _tables(path: Path, data: dict[str, Any]) -> dict[tuple[str, str | None], di
 
     for service, body in data.items():
         if service not in SERVICES or not isinstance(body, dict):
-            raise ProfileError(f"profile {path}: [{service}] is not one of {', '.join(SERVICES)}")
+            raise ProfileError(f"profile {path}: [{service}] is not one of {', '.join((*SERVICES, RUN))}")
         take(service, None, {k: v for k, v in body.items() if not isinstance(v, dict)})
         for condition, values in body.items():
             if isinstance(values, dict):

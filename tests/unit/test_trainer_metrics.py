@@ -79,3 +79,33 @@ def test_two_instances_do_not_collide_in_one_process() -> None:
     a.set_version(1)
     b.set_version(7)
     assert a.status()["version"] == 1 and b.status()["version"] == 7
+
+
+def test_status_splits_the_trainers_time_by_part(monkeypatch) -> None:
+    """/status's ``time``: each part's seconds from the request for the first batch to the end of the last step or
+    publish (a step under way is not counted), the rest as "other", and the busy fraction (everything but fetching
+    and bookkeeping)."""
+    now = [100.0]
+    monkeypatch.setattr("services.trainer.metrics.time.monotonic", lambda: now[0])
+    m = TrainerMetrics()
+    assert m.status()["time"] == {}  # before the first step
+    parts = dict(ref_seconds=0.5, forward_seconds=1.0, backward_seconds=1.5, optimizer_seconds=0.25)
+    step = StepResult(**{**result().__dict__, "seconds": 3.5, **parts})
+    m.record(1, 0.05, step, wait_s=1.0)  # at 100: the first batch was asked for at 100 - 3.5 - 1.0
+    now[0] = 102.0
+    m.published(2.0)
+    now[0] = 106.0  # 0.5 s of bookkeeping, then a step of 3.5 s
+    m.record(2, 0.05, step, wait_s=0.0)
+    now[0] = 110.0  # a step under way: not counted
+    split = m.status()["time"]
+    assert split["wall_s"] == 10.5  # 95.5 .. 106
+    assert split["seconds"] == {
+        "fetch": 1.0,
+        "reference": 1.0,
+        "forward": 2.0,
+        "backward": 3.0,
+        "optimizer": 0.5,
+        "publish": 2.0,
+        "other": 1.0,
+    }
+    assert split["busy_fraction"] == round(8.5 / 10.5, 4)

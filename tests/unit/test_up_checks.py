@@ -162,3 +162,84 @@ def test_another_profile_replaces_the_defaults_and_a_bad_one_is_named(monkeypatc
         assert says in str(err.value)
     with pytest.raises(UsageError, match="not a packaged profile \\(default"):
         check_args(parse(monkeypatch, ["--profile", "fastest"]))
+
+
+def test_a_profile_sets_the_run_itself_and_the_command_line_wins(monkeypatch, tmp_path) -> None:
+    """[run] gives tba up's flags (task, base model, budget, evaluations, backfill); a flag given wins over it; the
+    profile's settings for the searchers are what the run's own evaluations read (its task options here)."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("TBA_TASK", raising=False)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    own = tmp_path / "recipe.toml"
+    own.write_text(
+        f'base = "default"\n[run]\ntask = "arithmetic"\nbase-model = "{model}"\nminutes = 3\neval-prompts = 16\n'
+        "backfill = 0\n[searcher]\nTBA_TASK_OPTIONS = '{\"digits\": 3}'\nTBA_MAX_NEW_TOKENS = 12\n"
+    )
+    args = parse(monkeypatch, ["--profile", str(own)])
+    check_args(args)
+    assert (args.task, args.base_model, args.minutes, args.eval_prompts, args.backfill) == (
+        "arithmetic",
+        model.resolve(),
+        3.0,
+        16,
+        0,
+    )
+    assert args.eval_every == 30.0  # not in the profile: tba up's own default
+    assert args.searcher_settings.task_options == {"digits": 3} and args.searcher_settings.max_new_tokens == 12
+    layers = config_layers(args)
+    assert layers["run"]["--minutes"] == ("3.0", "profile recipe.toml over default.toml")
+    assert layers["run"]["--eval-every"] == ("30.0", "tba up's default")
+    # The base profile's settings stand where this one is silent.
+    assert service_defaults(args, "trainer")["TBA_LR_SCHEDULE"] == "wsd"
+    flags = parse(monkeypatch, ["--profile", str(own), "--minutes", "10", "--eval-prompts", "200"])
+    check_args(flags)
+    assert (flags.minutes, flags.eval_prompts) == (10.0, 200)  # the command line wins, even at tba up's default
+    assert config_layers(flags)["run"]["--minutes"] == ("10.0", "tba up flags")
+    monkeypatch.setenv("TBA_MAX_NEW_TOKENS", "20")
+    env = parse(monkeypatch, ["--profile", str(own)])
+    check_args(env)
+    assert env.searcher_settings.max_new_tokens == 20  # the environment wins over the profile
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[run]\nminutes = 'long'\n", "[run] minutes: 'long' is not a number"),
+        ("[run]\nsearcher = 2\n", "[run] searcher: not one of task, base-model"),
+        ("[run]\nbackfill = true\n", "[run] backfill: True is not an integer"),
+        ('base = "mine"\n', "must name another profile"),
+        ('base = "nowhere"\n', "not a packaged profile"),
+    ],
+)
+def test_a_bad_run_table_or_base_is_named(monkeypatch, tmp_path, text, says) -> None:
+    own = tmp_path / "mine.toml"
+    own.write_text(text)
+    with pytest.raises(UsageError, match="--profile") as err:
+        check_args(parse(monkeypatch, ["--profile", str(own)]))
+    assert says in str(err.value)
+
+
+def test_the_real_model_profile_is_the_recipe_the_trl_peer_runs(monkeypatch) -> None:
+    """The packaged recipe resolves, and the peer (experiments/peer.py) reads the same work from it as tba up gives
+    the searchers: model, task, options, completion length, prompt form, temperature and held-out prompts."""
+    from experiments.peer import recipe
+    from tba.local.checks import profile_env
+    from tba.local.profile import Profile
+    from tba.settings import SearcherSettings, load_settings
+
+    monkeypatch.delenv("TBA_TASK", raising=False)
+    profile = Profile.load("real-model")
+    assert profile.run["base-model"] == "smollm2-135m-instruct" and profile.run["backfill"] == 0
+    work = recipe("real-model")
+    with profile_env(profile.settings("searcher", None)):
+        searcher = load_settings(SearcherSettings, task=profile.run["task"])
+    assert work["task"] == "reasoning-gym" and work["task_options"] == searcher.task_options
+    assert work["task_options"]["reader"] == "lenient" and work["task_options"]["dataset"] == "chain_sum"
+    assert (work["max_new_tokens"], work["temperature"], work["system_prompt"]) == (
+        searcher.max_new_tokens,
+        searcher.temperature,
+        searcher.system_prompt,
+    )
+    assert work["eval_prompts"] == profile.run["eval-prompts"] == 48

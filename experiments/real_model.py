@@ -1,0 +1,262 @@
+"""A real pretrained model learns through the system: the real-model recipe against the exactly on-policy loop
+and against TRL's GRPO, on the same work.
+
+The recipe is ``tba up --profile real-model`` (tba/local/profiles/real-model.toml: SmolLM2-135M-Instruct on
+reasoning-gym's chain_sum, asked in chat form and read by the lenient answer reader). Three arms, each run once
+per seed, interleaved seed by seed on the same 2 cores:
+
+- ``async-tb``: the recipe as it is: the searcher on CPU 0 runs free, the trainer on CPU 1 draws from the
+  replay buffer within the bounds of bounded asynchrony;
+- ``sync-tb``: the same recipe exactly on-policy, the fastest such loop the system runs on two cores: for each
+  version the searcher generates one batch of the trainer's P prompts the moment the checkpoint is verified,
+  the trainer trains on exactly those samples and publishes every step (``--mode sync``,
+  ``TBA_MAX_BATCHES_PER_VERSION=1``); each core idles while the other works;
+- ``trl-grpo``: ``python -m experiments.peer`` with the same profile: TRL's ``GRPOTrainer`` on the same model,
+  prompts, answer reader, completion length, held-out set and budget, generating with transformers, on both
+  cores.
+
+Held-out greedy accuracy on the recipe's held-out prompts: the ``tba up`` arms set a checkpoint aside every
+:data:`EVAL_EVERY` seconds and evaluate all after the run (``--eval-after``), so the evaluations take nothing
+from the run; the peer pauses its clock while it evaluates, every :data:`EVAL_EVERY` seconds of training.
+Times count from the trainer's first optimizer step (the peer: the start of training), so that start-up
+(engines, models, the first batch) is left out; the targets are +10, +20 and +30 points over the raw model's
+accuracy, which every arm measures first.
+
+Recorded (docs/results/data/real-model/, rendered into docs/results/real-model.md): per run the curve, the times
+to each target, the accuracy at the start, lowest and end, steps, samples generated and trained on, and for the
+``tba up`` arms where the trainer's and the searcher's time went; per arm the spreads over seeds; the ratios
+async / sync and async / TRL of the times to each target. The record is rewritten after every run, so an
+interrupted experiment keeps what it measured; ``--resume RECORD`` continues one, running only the runs it lacks.
+
+Cost: 3 arms x seeds x (budget + ~2 min of start-up, shutdown and evaluation); 3 seeds at 20 minutes: ~3.3 h.
+``python -m experiments.real_model [--seeds 3] [--minutes 20] [--only async-tb,trl-grpo] [--resume RECORD]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from experiments.arms import Arm, busy_fractions, cpu_times, curve, parse_args, run_arm, run_child, write_record
+from experiments.decoupling import SYNC_ENV, cycle_parts, trainer_rows, update_to_data
+from experiments.records import provenance, ratio, record_name, resolved_settings, summarize
+from tba.local.report import time_split
+
+PROFILE = "real-model"
+TASK = "reasoning-gym"
+GAINS = (0.1, 0.2, 0.3)  # the targets: points of held-out accuracy over the raw model's
+EVAL_EVERY = 20.0  # seconds between the checkpoints evaluated: the resolution of a time to a target
+PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1", "backfill": 0}
+PEER = "trl-grpo"
+EXPERIMENT = "real-model"
+
+
+def arms() -> dict[str, Arm | None]:
+    """The arms by name; the peer's is None (it is not a ``tba up`` run)."""
+    common: dict[str, Any] = {"task": TASK, "profile": PROFILE, "eval_every": EVAL_EVERY, "eval_after": True}
+    return {
+        "async-tb": Arm("async-tb", mode="async", **common, **PLACEMENT),
+        "sync-tb": Arm("sync-tb", mode="sync", env=SYNC_ENV, **common, **PLACEMENT),
+        PEER: None,
+    }
+
+
+def run_peer(seed: int, minutes: float, out: Path) -> dict:
+    """One TRL GRPO run of the recipe's work in ``out/trl-grpo/seed-<seed>`` (reused where it finished)."""
+    run_dir = out / PEER / f"seed-{seed}"
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        done = json.loads(summary_path.read_text())
+        if done.get("budget_s") == minutes * 60:
+            return done
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "experiments.peer", "--profile", PROFILE, "--minutes", f"{minutes:g}"]
+    cmd += ["--seed", str(seed), "--eval-every", f"{EVAL_EVERY:g}", "--out", str(run_dir)]
+    print(f"[{time.strftime('%H:%M:%S')}] {PEER} seed {seed}: {' '.join(cmd[1:])}", flush=True)
+    before = cpu_times()
+    with (run_dir / "peer.log").open("w") as log:
+        run_child(cmd, log, dict(os.environ))
+    summary = json.loads(summary_path.read_text())
+    summary["cpu_busy"] = busy_fractions(before, cpu_times())
+    summary_path.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def gain_times(evaluations: list[dict], origin: float) -> dict[str, float | None]:
+    """Seconds from ``origin`` to the first evaluation at or above the raw model's accuracy (the first evaluation)
+    plus each gain; None where never reached."""
+    start = evaluations[0]["accuracy"]
+    out = {}
+    for gain in GAINS:
+        hit = next((e for e in evaluations if e["accuracy"] >= start + gain - 1e-9), None)
+        out[f"+{gain:g}"] = None if hit is None else round(max(0.0, hit["t"] - origin), 1)
+    return out
+
+
+def below_start(evaluations: list[dict], origin: float) -> int:
+    """Evaluations after the trainer's first step below the raw model's accuracy."""
+    start = evaluations[0]["accuracy"]
+    return sum(1 for e in evaluations[1:] if e["t"] >= origin and e["accuracy"] < start - 1e-9)
+
+
+def tba_figures(summary: dict, run_dir: Path) -> dict:
+    """A ``tba up`` run's figures: the curve and times from the trainer's first step, steps, samples, time split."""
+    rows = trainer_rows(run_dir)
+    evals = summary["evaluations"]
+    origin = rows[0]["ts"] - rows[0]["step_s"] - rows[0]["wait_s"] - summary["started_at"] if rows else 0.0
+    buffer = summary.get("buffer") or {}
+    accounts = summary.get("searcher_accounts") or {}
+    return {
+        "seed": summary["seed"],
+        "first_step_s": round(origin, 1),
+        "accuracy": _accuracy(evals),
+        "time_to": gain_times(evals, origin),
+        "below_start": below_start(evals, origin),
+        "trainer_steps": summary.get("trainer_steps"),
+        "samples_generated": sum(a.get("samples_generated") or 0 for a in accounts.values()),
+        "samples_stored": buffer.get("samples"),
+        "samples_trained": sum(r["samples"] for r in rows),
+        "samples_duplicate": buffer.get("samples_duplicate"),
+        "samples_too_stale": sum(a.get("samples_too_stale") or 0 for a in accounts.values()),
+        "update_to_data": update_to_data(summary),
+        "step": cycle_parts(rows),
+        "time_split": time_split_of(run_dir),
+        "cpu_busy": summary.get("cpu_busy"),
+        "evaluations": [[round(t - origin, 1), a] for t, a in curve(summary)],
+    }
+
+
+def peer_figures(summary: dict) -> dict:
+    """The peer's figures: its curve and times from the start of training (its clock holds no evaluation)."""
+    evals = summary["evaluations"]
+    return {
+        "seed": summary["seed"],
+        "first_step_s": 0.0,
+        "accuracy": _accuracy(evals),
+        "time_to": gain_times(evals, 0.0),
+        "below_start": below_start(evals, 0.0),
+        "trainer_steps": summary.get("steps"),
+        "samples_generated": summary.get("samples_trained"),
+        "samples_trained": summary.get("samples_trained"),
+        "cpu_busy": summary.get("cpu_busy"),
+        "evaluations": [[round(e["t"], 1), e["accuracy"]] for e in evals],
+    }
+
+
+def time_split_of(run_dir: Path) -> dict:
+    from tba.local.report import read_jsonl
+
+    return time_split(read_jsonl(run_dir / "timeline.jsonl"))
+
+
+def _accuracy(evals: list[dict]) -> dict[str, float]:
+    return {
+        "start": evals[0]["accuracy"],
+        "lowest": min(e["accuracy"] for e in evals),
+        "end": evals[-1]["accuracy"],
+    }
+
+
+def arm_summary(runs: list[dict]) -> dict:
+    return {
+        "time_to": {g: summarize([r["time_to"][g] for r in runs]) for g in runs[0]["time_to"]},
+        "accuracy_start": summarize([r["accuracy"]["start"] for r in runs]),
+        "accuracy_end": summarize([r["accuracy"]["end"] for r in runs]),
+        "trainer_steps": summarize([r["trainer_steps"] for r in runs]),
+    }
+
+
+def pair(runs: dict[str, list[dict]], a: str, b: str) -> dict:
+    """Time ratios a / b per target, seed against seed."""
+    seeds = sorted({r["seed"] for r in runs[a]} & {r["seed"] for r in runs[b]})
+    by_seed = {name: {r["seed"]: r for r in runs[name]} for name in (a, b)}
+    ratios = {}
+    for gain in (f"+{g:g}" for g in GAINS):
+        num = [by_seed[a][s]["time_to"][gain] for s in seeds]
+        den = [by_seed[b][s]["time_to"][gain] for s in seeds]
+        ratios[gain] = ratio(num, den)
+    return {"arms": [a, b], "seeds": seeds, "time_ratio": ratios}
+
+
+def build_record(
+    runs: dict[str, list[dict]], minutes: float, seeds: int, settings: dict, previous: dict | None
+) -> dict:
+    rec = {
+        **(previous or provenance()),
+        "experiment": EXPERIMENT,
+        "task": TASK,
+        "profile": PROFILE,
+        "minutes": minutes,
+        "seeds": seeds,
+        "gains": list(GAINS),
+        "command": f"python -m experiments.real_model --seeds {seeds} --minutes {minutes:g}",
+        "evaluation": {"every_s": EVAL_EVERY, "after_run": True, "prompts": settings.get("eval_prompts")},
+        "settings": settings,
+        "arms": {name: {"summary": arm_summary(r), "runs": r} for name, r in runs.items() if r},
+        "pairs": [
+            pair(runs, a, b) for a, b in (("async-tb", "sync-tb"), ("async-tb", PEER)) if runs.get(a) and runs.get(b)
+        ],
+    }
+    rec["date"] = provenance()["date"]
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = {
+        "only": {"default": None, "help": "Comma-separated arms to run (default: all of async-tb, sync-tb, trl-grpo)."},
+        "resume": {
+            "type": Path,
+            "default": None,
+            "help": "A record of this experiment to continue: its runs are kept.",
+        },
+    }
+    args = parse_args(argv, "real_model", __doc__, minutes=20.0, options=options)
+    arm_list = arms()
+    chosen = list(arm_list) if args.only is None else args.only.split(",")
+    unknown = [a for a in chosen if a not in arm_list]
+    if unknown:
+        print(f"--only: no arm {', '.join(unknown)}; the arms are {', '.join(arm_list)}", file=sys.stderr)
+        return 2
+    previous = json.loads(args.resume.read_text()) if args.resume else None
+    if previous and (previous.get("experiment") != EXPERIMENT or previous.get("minutes") != args.minutes):
+        print(f"--resume: {args.resume} is not a {EXPERIMENT} record of {args.minutes:g} minutes", file=sys.stderr)
+        return 2
+    runs: dict[str, list[dict]] = {
+        name: list((previous or {}).get("arms", {}).get(name, {}).get("runs", [])) for name in arm_list
+    }
+    settings: dict = (previous or {}).get("settings", {})
+    name = args.resume.stem if args.resume else None
+    for seed in range(args.seeds):
+        for arm_name in chosen:
+            if any(r["seed"] == seed for r in runs[arm_name]):
+                continue
+            arm = arm_list[arm_name]
+            if arm is None:
+                figures = peer_figures(run_peer(seed, args.minutes, args.out))
+            else:
+                summary = run_arm(arm, seed, args.minutes, args.out, eval_prompts=_eval_prompts())
+                run_dir = args.out / arm.name / f"seed-{seed}"
+                figures = tba_figures(summary, run_dir)
+                settings.setdefault("resolved", {})[arm_name] = resolved_settings(run_dir)
+                settings["eval_prompts"] = _eval_prompts()
+            runs[arm_name].append({**figures, "commit": provenance()["commit"]})
+            rec = build_record(runs, args.minutes, args.seeds, settings, previous)
+            name = name or record_name("chain-sum", args.minutes, rec)
+            write_record(args.results, EXPERIMENT, name, rec)
+    return 0
+
+
+def _eval_prompts() -> int:
+    from tba.local.profile import Profile
+
+    return int(Profile.load(PROFILE).run.get("eval-prompts", 48))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""The real-model page (docs/results/real-model.md) and its claim: SmolLM2-135M-Instruct learning through the
+system against the exactly on-policy loop and TRL's GRPO, from the records of ``python -m experiments.real_model``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from experiments.report import md
+from experiments.report.pages import header
+
+Record = dict[str, Any]
+PAGE = "real-model.md"
+MODEL = "SmolLM2-135M-Instruct (pretrained)"
+ARMS = {
+    "async-tb": "TBA, asynchronous (the recipe)",
+    "sync-tb": "TBA, exactly on-policy (sync)",
+    "trl-grpo": "TRL GRPOTrainer",
+}
+
+
+def _gains(record: Record) -> list[str]:
+    return [f"+{g:g}" for g in record["gains"]]
+
+
+def _points(gain: str) -> str:
+    return f"+{round(float(gain) * 100)} points"
+
+
+def _pair(record: Record, a: str, b: str) -> dict[str, Any] | None:
+    return next((p for p in record["pairs"] if p["arms"] == [a, b]), None)
+
+
+def _code(record: Record) -> str:
+    commits = sorted({r.get("commit") or "?" for arm in record["arms"].values() for r in arm["runs"]})
+    dirty = " (with uncommitted changes)" if record.get("dirty") else ""
+    return ", ".join(f"`{c}`" for c in commits) + dirty
+
+
+def page(records: list[tuple[str, Record]]) -> str:
+    name, record = records[-1]
+    gains = _gains(record)
+    machine = record.get("machine") or {}
+    lines = header(
+        "A pretrained model learns through the system: SmolLM2-135M-Instruct",
+        [
+            "SmolLM2-135M-Instruct learns reasoning-gym's `chain_sum` (the sum of two numbers of one or two digits), "
+            "asked in chat form and read by the lenient answer reader, with `tba up --profile real-model` "
+            "(tba/local/profiles/real-model.toml, `make demo-real`). Three arms on the same 2 cores, the same "
+            "held-out prompts and the same budget: the recipe as it is (asynchronous), the same recipe exactly "
+            "on-policy, and TRL's `GRPOTrainer` on the same model, prompts, answer reader and completion length "
+            "(`python -m experiments.peer`, its configuration in experiments/peer.py).",
+            "",
+            f"Held-out greedy accuracy on {record['evaluation'].get('prompts') or '-'} prompts, every "
+            f"{record['evaluation']['every_s']:g} s; the TBA arms' checkpoints are evaluated after the run, the "
+            "peer's clock stops while it evaluates. Times count from the first optimizer step; the targets are "
+            "points over the raw model's accuracy.",
+            "",
+            f"CPU: {md.cpu(machine)}, {machine.get('cores', '?')} cores; {md.date(record)}; code {_code(record)}; "
+            f"data {md.data_link('real-model', name)}.",
+            "",
+            "## Time to each target",
+            "",
+        ],
+    )
+    rows = []
+    for arm, label in ARMS.items():
+        a = record["arms"].get(arm)
+        if a is None:
+            continue
+        s = a["summary"]
+        rows.append(
+            [
+                label,
+                s["accuracy_end"]["of"],
+                md.spread(s["accuracy_start"], "{:.1f}", 100, "%"),
+                *(md.spread(s["time_to"][g], unit=" s") for g in gains),
+                md.spread(s["accuracy_end"], "{:.1f}", 100, "%"),
+                md.spread(s["trainer_steps"]),
+            ]
+        )
+    lines += md.table(["arm", "seeds", "raw model", *(f"time to {_points(g)}" for g in gains), "end", "steps"], rows)
+    lines += ["", "## Ratios of the times, seed against seed", ""]
+    ratio_rows = []
+    for a, b in (("async-tb", "sync-tb"), ("async-tb", "trl-grpo")):
+        p = _pair(record, a, b)
+        if p:
+            ratio_rows.append(
+                [f"{ARMS[a]} / {ARMS[b]}", len(p["seeds"]), *(md.ratio(p["time_ratio"][g]) for g in gains)]
+            )
+    lines += md.table(["ratio", "seeds", *(_points(g) for g in gains)], ratio_rows)
+    lines += [
+        "",
+        "Bold: at or below 0.5. In brackets: the range of the per-seed ratios; a seed that did not reach a target "
+        "in one of the arms is left out of that target's ratio.",
+        "",
+        "## Runs",
+        "",
+    ]
+    run_rows = []
+    for arm, label in ARMS.items():
+        for r in (record["arms"].get(arm) or {}).get("runs", []):
+            run_rows.append(
+                [
+                    label,
+                    r["seed"],
+                    md.pct(r["accuracy"]["start"]),
+                    md.pct(r["accuracy"]["lowest"]),
+                    md.pct(r["accuracy"]["end"]),
+                    *(md.seconds(r["time_to"][g]) for g in gains),
+                    r.get("below_start"),
+                    r.get("trainer_steps"),
+                    _samples(r),
+                ]
+            )
+    lines += md.table(
+        [
+            "arm",
+            "seed",
+            "start",
+            "lowest",
+            "end",
+            *(_points(g) for g in gains),
+            "evaluations below start",
+            "steps",
+            "samples generated / stored / trained",
+        ],
+        run_rows,
+    )
+    lines += ["", "## Where the time goes (asynchronous arm)", ""]
+    lines += _time_table(record)
+    lines += ["", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
+    return "\n".join(lines)
+
+
+def _samples(run: Record) -> str:
+    parts = [run.get("samples_generated"), run.get("samples_stored"), run.get("samples_trained")]
+    return " / ".join("-" if p is None else f"{p:,}" for p in parts)
+
+
+def _time_table(record: Record) -> list[str]:
+    """Per seed of the asynchronous arm: the trainer's and the searcher's time by part, as shares of the wall."""
+    rows = []
+    for r in (record["arms"].get("async-tb") or {}).get("runs", []):
+        for service, split in (r.get("time_split") or {}).items():
+            wall = split.get("wall_s") or 0.0
+            parts = ", ".join(f"{k} {v / wall:.0%}" for k, v in (split.get("seconds") or {}).items() if wall and v)
+            busy = split.get("busy_fraction")
+            rows.append([r["seed"], service, f"{wall:.0f} s", parts, md.pct(busy, 0) if busy is not None else "-"])
+    if not rows:
+        return ["No time split recorded."]
+    return md.table(["seed", "service", "wall", "shares of the wall", "trainer busy"], rows)
+
+
+def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | None:
+    """The README row: the async / TRL and async / sync ratios at +30 points, and the end accuracies."""
+    if not records:
+        return None
+    name, record = records[-1]
+    last = _gains(record)[-1]
+    sync, peer = (_pair(record, "async-tb", b) for b in ("sync-tb", "trl-grpo"))
+    vs_peer = peer and peer["time_ratio"][last]
+    vs_sync = sync and sync["time_ratio"][last]
+    async_end = record["arms"].get("async-tb", {}).get("summary", {}).get("accuracy_end")
+    peer_end = record["arms"].get("trl-grpo", {}).get("summary", {}).get("accuracy_end")
+    seeds = max((a["summary"]["accuracy_end"]["of"] for a in record["arms"].values()), default=0)
+    result = (
+        f"time to {_points(last)}: async / TRL {md.num(vs_peer and vs_peer['mean'])}, async / sync "
+        f"{md.num(vs_sync and vs_sync['mean'])}; end {md.pct(async_end and async_end['mean'])} vs TRL's "
+        f"{md.pct(peer_end and peer_end['mean'])}"
+    )
+    return entry(
+        "real-model",
+        "A pretrained model learns through the system, faster than TRL's GRPO",
+        PAGE,
+        record,
+        [name],
+        task="reasoning-gym chain_sum",
+        model=MODEL,
+        budget=f"{record['minutes']:g} min",
+        seeds=seeds,
+        settings="the real-model profile",
+        headline={
+            "figure": f"time to {_points(last)} over the raw model, ratios of means; end accuracy",
+            "async_over_trl": vs_peer,
+            "async_over_sync": vs_sync,
+            "accuracy_end": {"async-tb": async_end, "trl-grpo": peer_end},
+        },
+        result=result,
+    )
