@@ -61,8 +61,8 @@ def arms() -> dict[str, Arm | None]:
     common: dict[str, Any] = {"task": TASK, "profile": PROFILE, "eval_every": EVAL_EVERY, "eval_after": True}
     return {
         "async-tb": Arm("async-tb", mode="async", **common, **PLACEMENT),
-        "sync-tb": Arm("sync-tb", mode="sync", env=SYNC_ENV, **common, **PLACEMENT),
         PEER: None,
+        "sync-tb": Arm("sync-tb", mode="sync", env=SYNC_ENV, **common, **PLACEMENT),
     }
 
 
@@ -209,7 +209,7 @@ def build_record(
 
 def main(argv: list[str] | None = None) -> int:
     options = {
-        "only": {"default": None, "help": "Comma-separated arms to run (default: all of async-tb, sync-tb, trl-grpo)."},
+        "only": {"default": None, "help": "Comma-separated arms to run (default: all of async-tb, trl-grpo, sync-tb)."},
         "resume": {
             "type": Path,
             "default": None,
