@@ -40,7 +40,7 @@ def page(rows: list[dict[str, Any]]) -> str:
             [
                 r["lever"],
                 r["mode"],
-                f"{r['task']}, {r['minutes']:g} min",
+                r["task"] + (f", {r['minutes']:g} min" if r.get("minutes") else ""),
                 r["seeds"],
                 md.cpu(r["machine"]),
                 times,

@@ -69,6 +69,9 @@ def settings(deviations: Mapping[str, Any] | None) -> str:
 
 
 def target(t: float | str) -> str:
+    """An accuracy target: ``0.5`` is 50%, ``+0.3`` is 30 points over the start."""
+    if str(t).startswith("+"):
+        return f"+{round(float(t) * 100)} points"
     return f"{float(t):.0%}"
 
 

@@ -187,3 +187,58 @@ def test_the_decoupling_command_writes_its_record_where_it_is_told(tmp_path: Pat
     assert record["command"] == "python -m experiments.decoupling --seeds 2 --minutes 5"
     assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2]
     assert "## Current result" in report.build(results / "data")[results / "decoupling.md"]
+
+
+def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path: Path, monkeypatch) -> None:
+    """``python -m experiments.real_model`` end to end, its runs faked: times from the first step to +10/+20/+30
+    points over the raw model, the async / sync and async / TRL ratios seed against seed, a record rewritten after
+    every run that ``--resume`` continues without running again what it holds, and the page and README row."""
+    from experiments import real_model
+
+    started: list[str] = []
+    curves = {
+        "async-tb": [0.125, 0.125, 0.125, 0.45, 0.5],  # every 5 s from launch; the first step at 9.9 s
+        "sync-tb": [0.125, 0.2, 0.3, 0.35, 0.45],
+        "trl-grpo": [0.125, 0.125, 0.3, 0.2, 0.5],
+    }
+
+    def run_arm(arm, seed, minutes, out, eval_prompts):
+        started.append(f"{arm.name}/{seed}")
+        return fake_run(out / arm.name / f"seed-{seed}", seed, arm.mode, 0.1, curves[arm.name])
+
+    def run_peer(seed, minutes, out):
+        started.append(f"trl-grpo/{seed}")
+        evals = [{"t": 20.0 * i, "step": i, "accuracy": a} for i, a in enumerate(curves["trl-grpo"])]
+        return {"seed": seed, "evaluations": evals, "steps": 4, "samples_trained": 256, "budget_s": minutes * 60}
+
+    monkeypatch.setattr(real_model, "run_arm", run_arm)
+    monkeypatch.setattr(real_model, "run_peer", run_peer)
+    results = tmp_path / "results"
+    shutil.copytree(records.DATA, results / "data")
+    argv = ["--seeds", "1", "--minutes", "20", "--out", str(tmp_path / "runs"), "--results", str(results)]
+    assert real_model.main(argv) == 0
+    assert started == ["async-tb/0", "trl-grpo/0", "sync-tb/0"]
+    (path,) = (results / "data" / "real-model").glob("chain-sum-20min-*.json")
+    record = json.loads(path.read_text())
+    mine = record["arms"]["async-tb"]["runs"][0]
+    # the trainer's first step began 10 s after the launch (its first row: 110 s - 0.06 s of step - 0.01 s of wait)
+    assert mine["first_step_s"] == pytest.approx(9.9, abs=0.05)
+    assert mine["time_to"] == {"+0.1": 5.1, "+0.2": 5.1, "+0.3": 5.1}  # 15 s - 9.9 s
+    assert record["arms"]["sync-tb"]["runs"][0]["time_to"] == {"+0.1": 0.1, "+0.2": 5.1, "+0.3": 10.1}
+    assert record["arms"]["trl-grpo"]["runs"][0]["time_to"] == {"+0.1": 40.0, "+0.2": 80.0, "+0.3": 80.0}
+    assert record["arms"]["trl-grpo"]["runs"][0]["below_start"] == 0
+    ratios = {tuple(p["arms"]): p["time_ratio"] for p in record["pairs"]}
+    assert ratios[("async-tb", "trl-grpo")]["+0.3"]["mean"] == pytest.approx(5.1 / 80.0)
+    assert ratios[("async-tb", "sync-tb")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
+    page = report.build(results / "data")[results / "real-model.md"]
+    assert "TRL GRPOTrainer" in page and "+30 points" in page and path.stem in page
+    row = next(c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model")
+    assert row["model"].startswith("SmolLM2") and "async / TRL" in row["result"]
+
+    started.clear()  # a second seed, continuing the record: the first seed's runs are not run again
+    argv = ["--seeds", "2", "--minutes", "20", "--out", str(tmp_path / "runs2"), "--results", str(results)]
+    assert real_model.main([*argv, "--resume", str(path)]) == 0
+    assert started == ["async-tb/1", "trl-grpo/1", "sync-tb/1"]
+    record = json.loads(path.read_text())
+    assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2, 2] and record["seeds"] == 2
+    assert real_model.main([*argv, "--minutes", "10", "--resume", str(path)]) == 2  # another budget: refused
