@@ -78,8 +78,9 @@ class Profile:
         return " over ".join((self.path.name, *self.bases))
 
     @classmethod
-    def load(cls, name: str | Path = DEFAULT) -> Profile:
-        """A packaged profile by name (a file of tba/local/profiles/, ``default``) or a TOML file by path."""
+    def load(cls, name: str | Path = DEFAULT, _within: tuple[Path, ...] = ()) -> Profile:
+        """A packaged profile by name (a file of tba/local/profiles/, ``default``) or a TOML file by path, applied
+        over its ``base`` (a name, or a path beside the file); ``_within``: the profiles that named this one."""
         path = Path(name) if str(name).endswith(".toml") or Path(name).is_file() else PROFILES / f"{name}.toml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.toml")))
@@ -92,9 +93,13 @@ class Profile:
         own = cls(path, _tables(path, {k: v for k, v in data.items() if k != RUN}), _run_table(path, data.get(RUN, {})))
         if base is None:
             return own
-        if not isinstance(base, str) or Path(base).stem == path.stem:
-            raise ProfileError(f"profile {path}: {BASE} = {base!r} must name another profile")
-        return Profile.load(base if base.endswith(".toml") else base).under(own)
+        within = (*_within, path.resolve())
+        beside = path.parent / base if isinstance(base, str) and base.endswith(".toml") else None
+        if not isinstance(base, str) or (beside or PROFILES / f"{base}.toml").resolve() in within:
+            raise ProfileError(
+                f"profile {path}: {BASE} = {base!r} must name another profile, not itself or one based on it"
+            )
+        return cls.load(beside or base, within).under(own)
 
     def under(self, other: Profile) -> Profile:
         """``other`` applied over this profile: each of its tables' settings, and its ``[run]`` flags, win."""

@@ -209,7 +209,7 @@ def test_a_profile_sets_the_run_itself_and_the_command_line_wins(monkeypatch, tm
         ("[run]\nminutes = 'long'\n", "[run] minutes: 'long' is not a number"),
         ("[run]\nsearcher = 2\n", "[run] searcher: not one of task, base-model"),
         ("[run]\nbackfill = true\n", "[run] backfill: True is not an integer"),
-        ('base = "mine"\n', "must name another profile"),
+        ('base = "mine.toml"\n', "must name another profile"),
         ('base = "nowhere"\n', "not a packaged profile"),
     ],
 )
