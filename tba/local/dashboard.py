@@ -178,6 +178,15 @@ def _fields(rows: list[tuple[str, str]]) -> Table:
     return table
 
 
+def _busy(split: dict[str, Any]) -> str:
+    """The trainer's busy fraction and its largest parts, e.g. "97%  backward 44%, forward 21%"."""
+    wall, seconds = split.get("wall_s"), split.get("seconds") or {}
+    if not wall or split.get("busy_fraction") is None:
+        return "-"
+    top = sorted(((v, k) for k, v in seconds.items() if k != "other"), reverse=True)[:2]
+    return f"{split['busy_fraction']:.0%}  " + ", ".join(f"{k} {v / wall:.0%}" for v, k in top)
+
+
 def _trainer_panel(snap: Snapshot) -> Panel:
     tr = snap.trainer
     body = _fields(
@@ -197,6 +206,7 @@ def _trainer_panel(snap: Snapshot) -> Panel:
                 "wait",
                 f"{_fmt(tr.get('wait_s'), '.2f')} s" + (f"  for {tr['waiting_for']}" if tr.get("waiting_for") else ""),
             ),
+            ("busy", _busy(tr.get("time") or {})),
         ]
     )
     return Panel(body, title=Text.assemble("trainer  ", _state(tr)), title_align="left")

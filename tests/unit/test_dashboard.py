@@ -113,6 +113,10 @@ def test_the_figures_follow_the_system():
     text = shown(snap, [], budget_s=None)
     assert cell(text, "step").startswith("450  v450") and cell(text, "loss") == "1.5"
     assert cell(text, "staleness") == "0.0 versions" and cell(text, "duplicates", 1) == "10%"
+    assert cell(text, "busy") == "-"  # no step timed yet
+    split = {"fetch": 1.0, "reference": 15.0, "forward": 21.0, "backward": 44.0, "publish": 13.0, "other": 6.0}
+    snap.trainer["time"] = {"wall_s": 100.0, "seconds": split, "busy_fraction": 0.93}
+    assert cell(shown(snap, [], budget_s=None), "busy") == "93%  backward 44%, forward 21%"
     assert cell(text, "searcher-0").split()[1:3] == ["444", "6"]
     assert "left" not in text.splitlines()[0]
 

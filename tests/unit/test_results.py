@@ -232,7 +232,9 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
     assert ratios[("async-tb", "sync-tb")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
     page = report.build(results / "data")[results / "real-model.md"]
     assert "TRL GRPOTrainer" in page and "+30 points" in page and path.stem in page
-    row = next(c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model")
+    row = next(
+        c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model"
+    )
     assert row["model"].startswith("SmolLM2") and "async / TRL" in row["result"]
 
     started.clear()  # a second seed, continuing the record: the first seed's runs are not run again
