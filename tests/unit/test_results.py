@@ -214,7 +214,6 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
     monkeypatch.setattr(real_model, "run_arm", run_arm)
     monkeypatch.setattr(real_model, "run_peer", run_peer)
     results = tmp_path / "results"
-    shutil.copytree(records.DATA, results / "data")
     argv = ["--seeds", "1", "--minutes", "20", "--out", str(tmp_path / "runs"), "--results", str(results)]
     assert real_model.main(argv) == 0
     assert started == ["async-tb/0", "trl-grpo/0", "sync-tb/0"]
