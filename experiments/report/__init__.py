@@ -95,7 +95,7 @@ def build(root: Path = data.DATA, readme_text: str | None = None) -> dict[Path, 
         ("demo", pages.demo, "demo.md"),
         ("real-model", real_model.page, real_model.PAGE),
     ):
-        if recs[experiment]:
+        if recs[experiment] and (experiment != "real-model" or real_model.experiment_records(recs[experiment])):
             out[results / page] = render(recs[experiment])
     for page, (name, record, plot) in single_run_pages(recs).items():
         out[results / page] = pages.single_runs(name, record, plot)

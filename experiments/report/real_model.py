@@ -37,8 +37,13 @@ def _code(record: Record) -> str:
     return ", ".join(f"`{c}`" for c in commits) + dirty
 
 
+def experiment_records(records: list[tuple[str, Record]]) -> list[tuple[str, Record]]:
+    """The experiment's own records (the folder also holds the raw model's prompt forms)."""
+    return [(n, r) for n, r in records if r.get("experiment") == "real-model"]
+
+
 def page(records: list[tuple[str, Record]]) -> str:
-    name, record = records[-1]
+    name, record = experiment_records(records)[-1]
     gains = _gains(record)
     machine = record.get("machine") or {}
     lines = header(
@@ -130,7 +135,30 @@ def page(records: list[tuple[str, Record]]) -> str:
     lines += ["", "## Where the time goes (asynchronous arm)", ""]
     lines += _time_table(record)
     lines += ["", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
+    forms = [(n, r) for n, r in records if r.get("experiment") == "prompt-forms"]
+    if forms:
+        lines += _forms_section(*forms[-1])
     return "\n".join(lines)
+
+
+def _forms_section(name: str, record: Record) -> list[str]:
+    """The raw model in each prompt form: why the recipe asks and reads as it does."""
+    k = record["samples"]
+    lines = [
+        "## The raw model in each prompt form",
+        "",
+        f"Held-out greedy accuracy and pass@1 / pass@{k} over {k} samples at T {record['temperature']:g}, "
+        f"{record['prompts']} prompts, up to {record['max_new_tokens']} new tokens. The plain form is cut at the "
+        f"newline, as a searcher with that stop string cuts it. CPU: {md.cpu(record.get('machine'))}; "
+        f"{md.date(record)}; data {md.data_link('real-model', name)}.",
+        "",
+    ]
+    rows = [
+        [f["form"], md.pct(f["greedy"]), md.pct(f["pass_at_k"].get("1")), md.pct(f["pass_at_k"].get(str(k)))]
+        for f in record["forms"]
+    ]
+    lines += md.table(["form", "greedy", "pass@1", f"pass@{k}"], rows)
+    return [*lines, "", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
 
 
 def _samples(run: Record) -> str:
@@ -155,6 +183,7 @@ def _time_table(record: Record) -> list[str]:
 def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | None:
     """The README row: the recipe's accuracy from start to end and its time to the last target, and the ratios
     of that time against the on-policy loop and TRL where those arms have runs."""
+    records = experiment_records(records)
     if not records:
         return None
     name, record = records[-1]

@@ -1,0 +1,37 @@
+"""The raw model in each prompt form (experiments/prompt_forms.py): greedy accuracy and pass@k per form, with the
+evaluation every run uses, recorded where the real-model page shows it; a bad option is named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import report
+from experiments.prompt_forms import main
+
+
+def test_each_form_is_measured_and_recorded(tiny_model: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    forms = "plain-first-line,plain-lenient"  # the tiny model has no chat template
+    argv = ["--model", str(tiny_model), "--forms", forms, "--samples", "2", "--prompts", "4", "--threads", "1"]
+    assert main([*argv, "--results", str(results)]) == 0
+    (path,) = (results / "data" / "real-model").glob("prompt-forms-*.json")
+    record = json.loads(path.read_text())
+    assert record["experiment"] == "prompt-forms" and record["prompts"] == 4 and record["samples"] == 2
+    assert [f["form"] for f in record["forms"]] == ["plain-first-line", "plain-lenient"]
+    for form in record["forms"]:
+        assert not form["chat"] and form["stop"] == ["\n"]
+        assert 0.0 <= form["greedy"] <= 1.0 and set(form["pass_at_k"]) == {"1", "2"}
+        assert form["pass_at_k"]["1"] <= form["pass_at_k"]["2"]
+    assert [f["reader"] for f in record["forms"]] == ["tags", "lenient"]
+    # The real-model page needs the experiment's own record; the forms alone make no page.
+    assert results / "real-model.md" not in report.build(results / "data")
+
+
+def test_a_bad_option_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for argv, message in [(["--forms", "chat-loud"], "no form ['chat-loud']"), (["--samples", "0"], "--samples")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*argv, "--results", str(tmp_path)])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
