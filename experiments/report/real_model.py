@@ -192,7 +192,7 @@ def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | Non
     ratios = {b: _pair(record, "async-tb", b) for b in ("trl-grpo", "sync-tb")}
     labels = {"trl-grpo": "TRL", "sync-tb": "sync"}
     shown = [
-        f"async / {labels[b]} {p['time_ratio'][last]['mean']:.2f}"
+        f"async / {labels[b]} {p['time_ratio'][last]['mean']:.2f} ({len(p['seeds'])} seed{'s' * (len(p['seeds']) > 1)})"
         for b, p in ratios.items()
         if p and p["time_ratio"][last]
     ]
