@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from experiments.records import RESULTS, ratio, summarize, write
 from tba.local.commands import tba_command
+from tba.local.cpu_usage import read_cpu_times
 from tba.procs import die_with_parent
 
 
@@ -108,16 +109,9 @@ def parse_args(
 
 
 def cpu_times() -> list[tuple[int, int]]:
-    """(busy, total) jiffies of each CPU since boot, from /proc/stat."""
-    out = []
-    with open("/proc/stat") as f:
-        for line in f:
-            name, *values = line.split()
-            if name.startswith("cpu") and name != "cpu":
-                v = [int(x) for x in values]
-                idle = v[3] + v[4]  # idle + iowait
-                out.append((sum(v) - idle, sum(v)))
-    return out
+    """(busy, total) jiffies of each CPU since boot, in CPU order (:func:`tba.local.cpu_usage.read_cpu_times`)."""
+    times = read_cpu_times()
+    return [(busy, total) for _, (busy, total) in sorted(times.items(), key=lambda kv: int(kv[0][3:]))]
 
 
 def busy_fractions(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> list[float]:

@@ -45,7 +45,8 @@ from typing import Any
 from experiments.arms import Arm, busy_fractions, cpu_times, curve, parse_args, run_arm, run_child, write_record
 from experiments.decoupling import SYNC_ENV, cycle_parts, trainer_rows, update_to_data
 from experiments.records import provenance, ratio, record_name, resolved_settings, summarize
-from tba.local.report import time_split
+from tba.local.profile import Profile
+from tba.local.report import read_jsonl, time_split
 
 PROFILE = "real-model"
 TASK = "reasoning-gym"
@@ -150,8 +151,6 @@ def peer_figures(summary: dict) -> dict:
 
 
 def time_split_of(run_dir: Path) -> dict:
-    from tba.local.report import read_jsonl
-
     return time_split(read_jsonl(run_dir / "timeline.jsonl"))
 
 
@@ -232,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     settings: dict = (previous or {}).get("settings", {})
     name = args.resume.stem if args.resume else None
+    eval_prompts = int(Profile.load(PROFILE).run.get("eval-prompts", 48))
     for seed in range(args.seeds):
         for arm_name in chosen:
             if any(r["seed"] == seed for r in runs[arm_name]):
@@ -240,22 +240,16 @@ def main(argv: list[str] | None = None) -> int:
             if arm is None:
                 figures = peer_figures(run_peer(seed, args.minutes, args.out))
             else:
-                summary = run_arm(arm, seed, args.minutes, args.out, eval_prompts=_eval_prompts())
+                summary = run_arm(arm, seed, args.minutes, args.out, eval_prompts=eval_prompts)
                 run_dir = args.out / arm.name / f"seed-{seed}"
                 figures = tba_figures(summary, run_dir)
                 settings.setdefault("resolved", {})[arm_name] = resolved_settings(run_dir)
-                settings["eval_prompts"] = _eval_prompts()
+                settings["eval_prompts"] = eval_prompts
             runs[arm_name].append({**figures, "commit": provenance()["commit"]})
             rec = build_record(runs, args.minutes, args.seeds, settings, previous)
             name = name or record_name("chain-sum", args.minutes, rec)
             write_record(args.results, EXPERIMENT, name, rec)
     return 0
-
-
-def _eval_prompts() -> int:
-    from tba.local.profile import Profile
-
-    return int(Profile.load(PROFILE).run.get("eval-prompts", 48))
 
 
 if __name__ == "__main__":

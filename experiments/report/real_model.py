@@ -8,6 +8,7 @@ from typing import Any
 
 from experiments.report import md
 from experiments.report.pages import header
+from tba.local.report import time_shares
 
 Record = dict[str, Any]
 PAGE = "real-model.md"
@@ -172,7 +173,7 @@ def _time_table(record: Record) -> list[str]:
     for r in (record["arms"].get("async-tb") or {}).get("runs", []):
         for service, split in (r.get("time_split") or {}).items():
             wall = split.get("wall_s") or 0.0
-            parts = ", ".join(f"{k} {v / wall:.0%}" for k, v in (split.get("seconds") or {}).items() if wall and v)
+            parts = time_shares(split)
             busy = split.get("busy_fraction")
             rows.append([r["seed"], service, f"{wall:.0f} s", parts, md.pct(busy, 0) if busy is not None else "-"])
     if not rows:

@@ -142,10 +142,16 @@ def time_split(timeline: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def time_shares(split: dict[str, Any]) -> str:
+    """Each part of one service's time split as its share of the wall time, e.g. "generate 97%, reload 2%"."""
+    wall = split.get("wall_s") or 0.0
+    return ", ".join(f"{k} {v / wall:.0%}" for k, v in (split.get("seconds") or {}).items() if wall and v)
+
+
 def time_line(split: dict[str, Any]) -> str:
     """One service's time split as a report line: each part's share of the wall time."""
     wall = split.get("wall_s") or 0.0
-    parts = ", ".join(f"{k} {v / wall:.0%}" for k, v in (split.get("seconds") or {}).items() if wall and v)
+    parts = time_shares(split)
     extra = f"; busy {split['busy_fraction']:.0%}" if "busy_fraction" in split else ""
     return f"{parts} of {wall:.0f} s{extra}"
 
