@@ -1,6 +1,6 @@
 """What ``python -m benchmarks.run`` writes is a record the results pages render: each part's figures with their
 baselines and ratios, the settings it ran with and the provenance of experiments/records.py, where ``--records``
-says (the parts' measurements are faked here; tests/integration/test_bench_records.py measures one for real)."""
+says (the parts' measurements are faked here; tests/integration/test_bench_record_files.py measures one for real)."""
 
 from __future__ import annotations
 
