@@ -133,6 +133,8 @@ def page(records: list[tuple[str, Record]]) -> str:
         ],
         run_rows,
     )
+    lines += ["", "## Against the claim's targets", ""]
+    lines += md.table(["target", "measured", "seeds", "verdict"], targets(record))
     lines += ["", "## Where the time goes (asynchronous arm)", ""]
     lines += _time_table(record)
     lines += ["", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
@@ -160,6 +162,85 @@ def _forms_section(name: str, record: Record) -> list[str]:
     ]
     lines += md.table(["form", "greedy", "pass@1", f"pass@{k}"], rows)
     return [*lines, "", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
+
+
+def _verdict(met: bool | None, seeds: int, planned: int) -> str:
+    """'met' only once every planned seed is in; a partial record says how far it is."""
+    if met is None:
+        return "not measured"
+    if seeds < planned:
+        return f"{'met' if met else 'not met'} so far ({seeds} of {planned} seeds)"
+    return "**met**" if met else "not met"
+
+
+def targets(record: Record) -> list[list[Any]]:
+    """The claim's targets, each with what the record measured and whether it meets it: the recipe against TRL
+    (time to the last target, accuracy at the end), against the exactly on-policy loop, its stability, and the
+    balance of the two services (trainer busy; samples generated, stored and trained on)."""
+    planned = int(record.get("seeds") or 0)
+    last = _gains(record)[-1]
+    runs = (record["arms"].get("async-tb") or {}).get("runs", [])
+    rows: list[list[Any]] = []
+    for other, bound, label in (("trl-grpo", 0.5, "TRL"), ("sync-tb", 0.5, "on-policy")):
+        p = _pair(record, "async-tb", other)
+        r = p and p["time_ratio"][last]
+        met = None if not r else r["mean"] <= bound and (other != "sync-tb" or r["max"] < 1)
+        rule = f"time to {_points(last)}, async / {label} ≤ {bound:g}" + (", every seed < 1" * (other == "sync-tb"))
+        rows.append(
+            [rule, md.ratio(r, None), len(p["seeds"]) if p else 0, _verdict(met, len(p["seeds"]) if p else 0, planned)]
+        )
+    mine = (record["arms"].get("async-tb") or {}).get("summary", {}).get("accuracy_end")
+    peer = (record["arms"].get("trl-grpo") or {}).get("summary", {}).get("accuracy_end")
+    if mine and peer and mine.get("n") and peer.get("n"):
+        seeds = min(mine["n"], peer["n"])
+        measured = f"{md.pct(mine['mean'])} against TRL's {md.pct(peer['mean'])}"
+        rows.append(
+            [
+                "accuracy at the end ≥ TRL's + 10 points",
+                measured,
+                seeds,
+                _verdict(mine["mean"] >= peer["mean"] + 0.1, seeds, planned),
+            ]
+        )
+    if runs:
+        below = max(r.get("below_start") or 0 for r in runs)
+        rows.append(
+            [
+                "never below the start for more than one evaluation",
+                f"at most {below}",
+                len(runs),
+                _verdict(below <= 1, len(runs), planned),
+            ]
+        )
+        splits = [((r.get("time_split") or {}).get("trainer") or {}).get("busy_fraction") for r in runs]
+        busy: list[float] = [b for b in splits if b is not None]
+        if busy:
+            rows.append(
+                [
+                    "trainer busy ≥ 90% of the wall",
+                    f"{md.pct(min(busy), 0)} at the least",
+                    len(busy),
+                    _verdict(min(busy) >= 0.9, len(busy), planned),
+                ]
+            )
+        counted = [r for r in runs if r.get("samples_stored") and r.get("samples_trained")]
+        if counted:
+            trained_per_stored = max(r["samples_trained"] / r["samples_stored"] for r in counted)
+            duplicates = max((r.get("samples_duplicate") or 0) / r["samples_generated"] for r in counted)
+            generated = max(abs(r["samples_trained"] / r["samples_generated"] - 1) for r in counted)
+            measured = (
+                f"trained {trained_per_stored:.2f}× the distinct stored at the most; up to {duplicates:.0%} of "
+                f"those generated were duplicates; generated and trained within {generated:.0%}"
+            )
+            rows.append(
+                [
+                    "distinct samples stored and trained within 20%",
+                    measured,
+                    len(counted),
+                    _verdict(trained_per_stored <= 1.2, len(counted), planned),
+                ]
+            )
+    return rows
 
 
 def _samples(run: Record) -> str:

@@ -194,6 +194,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
     points over the raw model, the async / sync and async / TRL ratios seed against seed, a record rewritten after
     every run that ``--resume`` continues without running again what it holds, and the page and README row."""
     from experiments import real_model
+    from experiments.report import real_model as real_model_page
 
     started: list[str] = []
     curves = {
@@ -231,6 +232,11 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
     assert ratios[("async-tb", "sync-tb")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
     page = report.build(results / "data")[results / "real-model.md"]
     assert "TRL GRPOTrainer" in page and "+30 points" in page and path.stem in page
+    verdicts = {row[0]: row[3] for row in real_model_page.targets(record)}
+    assert verdicts["time to +30 points, async / TRL ≤ 0.5"] == "**met**"  # 5.1 s / 80 s
+    assert verdicts["time to +30 points, async / on-policy ≤ 0.5, every seed < 1"] == "not met"  # 5.1 s / 10.1 s
+    assert verdicts["accuracy at the end ≥ TRL's + 10 points"] == "not met"  # 50% both
+    assert verdicts["never below the start for more than one evaluation"] == "**met**"
     row = next(
         c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model"
     )
@@ -242,4 +248,5 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
     assert started == ["async-tb/1", "trl-grpo/1", "sync-tb/1"]
     record = json.loads(path.read_text())
     assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2, 2] and record["seeds"] == 2
+    assert real_model_page.targets({**record, "seeds": 3})[0][3] == "met so far (2 of 3 seeds)"
     assert real_model.main([*argv, "--minutes", "10", "--resume", str(path)]) == 2  # another budget: refused
