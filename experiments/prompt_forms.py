@@ -4,20 +4,23 @@ For each form (chat or plain prompts, reasoning-gym's tags or the lenient reader
 newline as a searcher with ``TBA_STOP='["\\n"]'`` cuts it) the raw model's held-out greedy accuracy and its pass@1
 and pass@k over ``--samples`` completions at the searchers' temperature, on the recipe's held-out prompts, with
 the evaluation every run uses (:func:`tba.model.evaluation.evaluate_checkpoint`). A form worth training on starts
-low (room to climb) with a high pass@k (a signal to climb on).
+low (room to climb) with a high pass@k (a signal to climb on). ``--task-options`` measures another generator or
+difficulty than the profile's, to screen candidate tasks for one with headroom.
 
 Recorded under docs/results/data/real-model/ (``experiment: prompt-forms``) and shown on the real-model page.
-``python -m experiments.prompt_forms [--profile real-model] [--samples 8] [--prompts 48]``.
+``python -m experiments.prompt_forms [--profile real-model] [--samples 8] [--prompts 48] [--task-options JSON]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.records import RESULTS, provenance, record_name, write
+from experiments.records import RESULTS, provenance, record_name, slug, write
 
 # name -> (chat template, reader, stop strings)
 FORMS: dict[str, tuple[str, str, list[str]]] = {
@@ -68,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: the profile's)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the idle cores)")
     parser.add_argument("--model", default=None, help="another model than the profile's")
+    parser.add_argument(
+        "--task-options", default=None, help="the task's options as a JSON object (default: the profile's)"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results folder (the record goes to data/)")
     args = parser.parse_args(argv)
     forms = args.forms.split(",")
@@ -77,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.peer import recipe
 
     work = recipe(args.profile)
+    own_options = work["task_options"]
     if args.model:
         work["model"] = args.model
+    if args.task_options is not None:
+        work["task_options"] = _task_options(parser, work["task"], args.task_options)
     if work["model"] is None:
         parser.error(f"--model: the profile {args.profile!r} names no base model")
     prompts = args.prompts or work["eval_prompts"]
@@ -98,11 +107,39 @@ def main(argv: list[str] | None = None) -> int:
         "samples": args.samples,
         "temperature": work["temperature"],
         "max_new_tokens": work["max_new_tokens"],
-        "command": f"python -m experiments.prompt_forms --profile {args.profile} --samples {args.samples}",
+        "command": f"python -m experiments.prompt_forms --profile {args.profile} --samples {args.samples}"
+        + (f" --task-options '{args.task_options}'" if args.task_options is not None else ""),
         "forms": rows,
     }
-    print(f"wrote {write('real-model', record_name('prompt-forms', None, rec), rec, args.results / 'data')}")
+    name = record_name(_measured(work["task_options"], own_options), None, rec)
+    print(f"wrote {write('real-model', name, rec, args.results / 'data')}")
     return 0
+
+
+def _task_options(parser: argparse.ArgumentParser, task: str, text: str) -> dict[str, Any]:
+    """``--task-options`` read and checked against the task before any model is loaded."""
+    from tba.tasks import make_task
+
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        parser.error(f"--task-options: not JSON ({e}): {text!r}")
+    if not isinstance(options, dict):
+        parser.error(f"--task-options: not a JSON object: {text!r}")
+    try:
+        make_task(task, options)
+    except (ValueError, ImportError) as e:
+        parser.error(f"--task-options: {e}")
+    return options
+
+
+def _measured(options: dict[str, Any], own: dict[str, Any]) -> str:
+    """What a record measures, for its name: ``prompt-forms-<dataset>``, with a digest of the options where they
+    are not the profile's own (so screening several difficulties of one generator keeps each record)."""
+    name = f"prompt-forms-{slug(str(options.get('dataset', 'task')))}"
+    if options == own:
+        return name
+    return f"{name}-{hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:6]}"
 
 
 if __name__ == "__main__":

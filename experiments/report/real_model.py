@@ -4,6 +4,7 @@ system against the exactly on-policy loop and TRL's GRPO, from the records of ``
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from experiments.report import md
@@ -140,28 +141,49 @@ def page(records: list[tuple[str, Record]]) -> str:
     lines += ["", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
     forms = [(n, r) for n, r in records if r.get("experiment") == "prompt-forms"]
     if forms:
-        lines += _forms_section(*forms[-1])
+        lines += _forms_section(forms)
     return "\n".join(lines)
 
 
-def _forms_section(name: str, record: Record) -> list[str]:
-    """The raw model in each prompt form: why the recipe asks and reads as it does."""
-    k = record["samples"]
+def _forms_section(forms: list[tuple[str, Record]]) -> list[str]:
+    """The raw model in each prompt form, for each task screened (the newest record of each task's options): why
+    the recipe asks and reads as it does, and which candidate tasks leave room to climb."""
+    newest: dict[str, tuple[str, Record]] = {}
+    for name, r in forms:  # oldest first
+        newest[json.dumps(r.get("task_options"), sort_keys=True)] = (name, r)
+    shown = list(newest.values())
+    last = shown[-1][1]
+    k = last["samples"]
     lines = [
         "## The raw model in each prompt form",
         "",
-        f"Held-out greedy accuracy and pass@1 / pass@{k} over {k} samples at T {record['temperature']:g}, "
-        f"{record['prompts']} prompts, up to {record['max_new_tokens']} new tokens. The plain form is cut at the "
-        f"newline, as a searcher with that stop string cuts it. CPU: {md.cpu(record.get('machine'))}; "
-        f"{md.date(record)}; data {md.data_link('real-model', name)}.",
+        f"Held-out greedy accuracy and pass@1 / pass@k over k samples at the searchers' temperature "
+        f"(T {last['temperature']:g}), up to {last['max_new_tokens']} new tokens, per task screened. The plain "
+        "form is cut at the newline, as a searcher with that stop string cuts it. A task worth training on starts "
+        "low with a high pass@k.",
         "",
     ]
     rows = [
-        [f["form"], md.pct(f["greedy"]), md.pct(f["pass_at_k"].get("1")), md.pct(f["pass_at_k"].get(str(k)))]
-        for f in record["forms"]
+        [
+            _task_label(r.get("task_options") or {}),
+            f["form"],
+            md.pct(f["greedy"]),
+            md.pct(f["pass_at_k"].get("1")),
+            f"{md.pct(f['pass_at_k'].get(str(r['samples'])))} (k {r['samples']})",
+            r["prompts"],
+            md.data_link("real-model", name),
+        ]
+        for name, r in shown
+        for f in r["forms"]
     ]
-    lines += md.table(["form", "greedy", "pass@1", f"pass@{k}"], rows)
-    return [*lines, "", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
+    lines += md.table(["task", "form", "greedy", "pass@1", "pass@k", "prompts", "data"], rows)
+    return [*lines, "", f"Reproduce: `{last['command']}` (k {k}), then `python -m experiments.report`.", ""]
+
+
+def _task_label(options: dict[str, Any]) -> str:
+    """``chain_sum (min_terms 2, max_digits 2)``: the generator and its settings, without the reader (a form's)."""
+    config = ", ".join(f"{k} {v}" for k, v in (options.get("config") or {}).items())
+    return f"`{options.get('dataset', '?')}`" + (f" ({config})" if config else "")
 
 
 def _verdict(met: bool | None, seeds: int, planned: int) -> str:

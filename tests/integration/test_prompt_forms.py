@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments import report
-from experiments.prompt_forms import main
+from experiments.prompt_forms import _measured, main
 
 
 def test_each_form_is_measured_and_recorded(tiny_model: Path, tmp_path: Path) -> None:
@@ -18,6 +18,7 @@ def test_each_form_is_measured_and_recorded(tiny_model: Path, tmp_path: Path) ->
     argv = ["--model", str(tiny_model), "--forms", forms, "--samples", "2", "--prompts", "4", "--threads", "1"]
     assert main([*argv, "--results", str(results)]) == 0
     (path,) = (results / "data" / "real-model").glob("prompt-forms-*.json")
+    assert path.name.startswith("prompt-forms-chain-sum-")  # the profile's own task options: no digest
     record = json.loads(path.read_text())
     assert record["experiment"] == "prompt-forms" and record["prompts"] == 4 and record["samples"] == 2
     assert [f["form"] for f in record["forms"]] == ["plain-first-line", "plain-lenient"]
@@ -31,7 +32,23 @@ def test_each_form_is_measured_and_recorded(tiny_model: Path, tmp_path: Path) ->
 
 
 def test_a_bad_option_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    for argv, message in [(["--forms", "chat-loud"], "no form ['chat-loud']"), (["--samples", "0"], "--samples")]:
+    bad = [
+        (["--forms", "chat-loud"], "no form ['chat-loud']"),
+        (["--samples", "0"], "--samples"),
+        (["--task-options", "{dataset: 1}"], "--task-options: not JSON"),
+        (["--task-options", '["chain_sum"]'], "--task-options: not a JSON object"),
+        (["--task-options", '{"dataset": "chain_summ"}'], "no dataset 'chain_summ'"),
+    ]
+    for argv, message in bad:
         with pytest.raises(SystemExit) as exit_info:
             main([*argv, "--results", str(tmp_path)])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json"))  # nothing recorded
+
+
+def test_screened_task_options_are_kept_apart_by_name() -> None:
+    own = {"dataset": "chain_sum", "config": {"min_terms": 2}}
+    assert _measured(own, own) == "prompt-forms-chain-sum"
+    three = _measured({"dataset": "chain_sum", "config": {"min_terms": 3}}, own)
+    assert three.startswith("prompt-forms-chain-sum-") and three != _measured({"dataset": "chain_sum"}, own)
+    assert _measured({"config": {"min_terms": 3}, "dataset": "chain_sum"}, own) == three  # key order: same name

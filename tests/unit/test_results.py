@@ -232,6 +232,28 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
     assert ratios[("async-tb", "sync-tb")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
     page = report.build(results / "data")[results / "real-model.md"]
     assert "TRL GRPOTrainer" in page and "+30 points" in page and path.stem in page
+    for date, config, greedy in [
+        ("2026-01-01", {"min_terms": 2}, 0.1),
+        ("2026-01-02", {"min_terms": 2}, 0.125),
+        ("2026-01-03", {"min_terms": 3}, 0.02),
+    ]:  # screened tasks: the newest of each
+        forms = [{"form": "chat-lenient", "greedy": greedy, "pass_at_k": {"1": 0.1, "8": 0.5}}]
+        screened = {
+            **record,
+            "experiment": "prompt-forms",
+            "date": date,
+            "samples": 8,
+            "prompts": 48,
+            "temperature": 1.0,
+            "max_new_tokens": 32,
+            "forms": forms,
+            "task_options": {"dataset": "chain_sum", "config": config},
+        }
+        records.write("real-model", f"prompt-forms-{date}", screened, results / "data")
+    page = report.build(results / "data")[results / "real-model.md"]
+    screened_rows = [line for line in page.splitlines() if line.startswith("| `chain_sum`")]
+    assert [row.split(" | ")[2] for row in screened_rows] == ["12.5%", "2.0%"], screened_rows
+    assert "(min_terms 3)" in screened_rows[1] and "50.0% (k 8)" in screened_rows[0]
     verdicts = {row[0]: row[3] for row in real_model_page.targets(record)}
     assert verdicts["time to +30 points, async / TRL ≤ 0.5"] == "**met**"  # 5.1 s / 80 s
     assert verdicts["time to +30 points, async / on-policy ≤ 0.5, every seed < 1"] == "not met"  # 5.1 s / 10.1 s
