@@ -26,6 +26,7 @@ holding it up. ``summary.json`` holds ``evaluations`` (``t``, ``step``, ``accura
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -265,6 +266,36 @@ def recipe(profile_name: str) -> dict[str, Any]:
     }
 
 
+def parse_task_options(task: str, text: str) -> dict[str, Any]:
+    """A ``--task-options`` value read and checked against ``task`` before any model is loaded: ValueError with
+    what is wrong with it otherwise."""
+    from tba.tasks import make_task
+
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"not a JSON object: {text!r}")
+    try:
+        make_task(task, options)
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+    return options
+
+
+def task_label(options: dict[str, Any], own: dict[str, Any]) -> str:
+    """What a record of this work measures, for its name: the generator (``chain-sum``), with a digest of the
+    options where they are not the profile's own, so that records of several difficulties of one generator
+    keep apart."""
+    from experiments.records import slug
+
+    name = slug(str(options.get("dataset", "task")))
+    if options == own:
+        return name
+    return f"{name}-{hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:6]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.peer", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -292,14 +323,14 @@ def main(argv: list[str] | None = None) -> int:
         work = recipe(args.profile)
     except (ProfileError, SettingsError) as err:
         parser.error(f"--profile: {err}")
-    if args.task_options is not None:
-        try:
-            work["task_options"] = json.loads(args.task_options)
-        except ValueError:
-            parser.error(f"--task-options is not valid JSON: {args.task_options!r}")
     for name in ("model", "task", "eval_prompts"):
         if getattr(args, name) is not None:
             work[name] = getattr(args, name)
+    if args.task_options is not None:
+        try:
+            work["task_options"] = parse_task_options(work["task"], args.task_options)
+        except ValueError as e:
+            parser.error(f"--task-options: {e}")
     if args.minutes <= 0 or args.eval_every <= 0 or work["eval_prompts"] < 1:
         parser.error("need --minutes > 0, --eval-every > 0 and --eval-prompts >= 1")
     if work["model"] is None:

@@ -14,13 +14,11 @@ Recorded under docs/results/data/real-model/ (``experiment: prompt-forms``) and 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.records import RESULTS, provenance, record_name, slug, write
+from experiments.records import RESULTS, provenance, record_name, write
 
 # name -> (chat template, reader, stop strings)
 FORMS: dict[str, tuple[str, str, list[str]]] = {
@@ -80,14 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [f for f in forms if f not in FORMS]
     if unknown or args.samples < 1:
         parser.error(f"--forms: no form {unknown}" if unknown else "--samples must be at least 1")
-    from experiments.peer import recipe
+    from experiments.peer import parse_task_options, recipe, task_label
 
     work = recipe(args.profile)
     own_options = work["task_options"]
     if args.model:
         work["model"] = args.model
     if args.task_options is not None:
-        work["task_options"] = _task_options(parser, work["task"], args.task_options)
+        try:
+            work["task_options"] = parse_task_options(work["task"], args.task_options)
+        except ValueError as e:
+            parser.error(f"--task-options: {e}")
     if work["model"] is None:
         parser.error(f"--model: the profile {args.profile!r} names no base model")
     prompts = args.prompts or work["eval_prompts"]
@@ -111,35 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         + (f" --task-options '{args.task_options}'" if args.task_options is not None else ""),
         "forms": rows,
     }
-    name = record_name(_measured(work["task_options"], own_options), None, rec)
+    name = record_name(f"prompt-forms-{task_label(work['task_options'], own_options)}", None, rec)
     print(f"wrote {write('real-model', name, rec, args.results / 'data')}")
     return 0
-
-
-def _task_options(parser: argparse.ArgumentParser, task: str, text: str) -> dict[str, Any]:
-    """``--task-options`` read and checked against the task before any model is loaded."""
-    from tba.tasks import make_task
-
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as e:
-        parser.error(f"--task-options: not JSON ({e}): {text!r}")
-    if not isinstance(options, dict):
-        parser.error(f"--task-options: not a JSON object: {text!r}")
-    try:
-        make_task(task, options)
-    except (ValueError, ImportError) as e:
-        parser.error(f"--task-options: {e}")
-    return options
-
-
-def _measured(options: dict[str, Any], own: dict[str, Any]) -> str:
-    """What a record measures, for its name: ``prompt-forms-<dataset>``, with a digest of the options where they
-    are not the profile's own (so screening several difficulties of one generator keeps each record)."""
-    name = f"prompt-forms-{slug(str(options.get('dataset', 'task')))}"
-    if options == own:
-        return name
-    return f"{name}-{hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:6]}"
 
 
 if __name__ == "__main__":

@@ -29,7 +29,10 @@ async / sync and async / TRL of the times to each target. The record is rewritte
 interrupted experiment keeps what it measured; ``--resume RECORD`` continues one, running only the runs it lacks.
 
 Cost: 3 arms x seeds x (budget + ~2 min of start-up, shutdown and evaluation); 3 seeds at 20 minutes: ~3.3 h.
-``python -m experiments.real_model [--seeds 3] [--minutes 20] [--only async-tb,trl-grpo] [--resume RECORD]``.
+``--task-options JSON`` runs every arm on another generator or difficulty than the profile's (a task with more
+headroom, say), recorded apart from the recipe's own.
+``python -m experiments.real_model [--seeds 3] [--minutes 20] [--only async-tb,trl-grpo] [--resume RECORD]
+[--task-options JSON]``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 
 from experiments.arms import Arm, busy_fractions, cpu_times, curve, parse_args, run_arm, run_child, write_record
 from experiments.decoupling import SYNC_ENV, cycle_parts, trainer_rows, update_to_data
+from experiments.peer import parse_task_options, recipe, task_label
 from experiments.records import provenance, ratio, record_name, resolved_settings, summarize
 from tba.local.profile import Profile
 from tba.local.report import read_jsonl, time_split
@@ -57,18 +61,21 @@ PEER = "trl-grpo"
 EXPERIMENT = "real-model"
 
 
-def arms() -> dict[str, Arm | None]:
-    """The arms by name; the peer's is None (it is not a ``tba up`` run)."""
+def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
+    """The arms by name, on the profile's task or on ``task_options`` in its place; the peer's is None (it is not
+    a ``tba up`` run)."""
     common: dict[str, Any] = {"task": TASK, "profile": PROFILE, "eval_every": EVAL_EVERY, "eval_after": True}
+    task_env = {} if task_options is None else {"TBA_TASK_OPTIONS": json.dumps(task_options)}
     return {
-        "async-tb": Arm("async-tb", mode="async", **common, **PLACEMENT),
+        "async-tb": Arm("async-tb", mode="async", env=task_env, **common, **PLACEMENT),
         PEER: None,
-        "sync-tb": Arm("sync-tb", mode="sync", env=SYNC_ENV, **common, **PLACEMENT),
+        "sync-tb": Arm("sync-tb", mode="sync", env={**SYNC_ENV, **task_env}, **common, **PLACEMENT),
     }
 
 
-def run_peer(seed: int, minutes: float, out: Path) -> dict:
-    """One TRL GRPO run of the recipe's work in ``out/trl-grpo/seed-<seed>`` (reused where it finished)."""
+def run_peer(seed: int, minutes: float, out: Path, task_options: dict[str, Any] | None = None) -> dict:
+    """One TRL GRPO run of the recipe's work (on ``task_options`` where given) in ``out/trl-grpo/seed-<seed>``
+    (reused where it finished)."""
     run_dir = out / PEER / f"seed-{seed}"
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
@@ -79,6 +86,8 @@ def run_peer(seed: int, minutes: float, out: Path) -> dict:
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, "-m", "experiments.peer", "--profile", PROFILE, "--minutes", f"{minutes:g}"]
     cmd += ["--seed", str(seed), "--eval-every", f"{EVAL_EVERY:g}", "--out", str(run_dir)]
+    if task_options is not None:
+        cmd += ["--task-options", json.dumps(task_options)]
     print(f"[{time.strftime('%H:%M:%S')}] {PEER} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     before = cpu_times()
     with (run_dir / "peer.log").open("w") as log:
@@ -184,17 +193,26 @@ def pair(runs: dict[str, list[dict]], a: str, b: str) -> dict:
 
 
 def build_record(
-    runs: dict[str, list[dict]], minutes: float, seeds: int, settings: dict, previous: dict | None
+    runs: dict[str, list[dict]],
+    minutes: float,
+    seeds: int,
+    settings: dict,
+    previous: dict | None,
+    task_options: dict[str, Any],
+    own: bool,
 ) -> dict:
+    """The record of the runs so far, on ``task_options`` (``own``: the profile's, which the command leaves out)."""
+    command = f"python -m experiments.real_model --seeds {seeds} --minutes {minutes:g}"
     rec = {
         **(previous or provenance()),
         "experiment": EXPERIMENT,
         "task": TASK,
+        "task_options": task_options,
         "profile": PROFILE,
         "minutes": minutes,
         "seeds": seeds,
         "gains": list(GAINS),
-        "command": f"python -m experiments.real_model --seeds {seeds} --minutes {minutes:g}",
+        "command": command + ("" if own else f" --task-options '{json.dumps(task_options)}'"),
         "evaluation": {"every_s": EVAL_EVERY, "after_run": True, "prompts": settings.get("eval_prompts")},
         "settings": settings,
         "arms": {name: {"summary": arm_summary(r), "runs": r} for name, r in runs.items() if r},
@@ -214,18 +232,42 @@ def main(argv: list[str] | None = None) -> int:
             "default": None,
             "help": "A record of this experiment to continue: its runs are kept.",
         },
+        "task-options": {
+            "default": None,
+            "help": "The task's options as a JSON object, for every arm, in place of the profile's (default: the "
+            "profile's); the record is named by the generator, with a digest of the options where they are not "
+            "the profile's.",
+        },
     }
     args = parse_args(argv, "real_model", __doc__, minutes=20.0, options=options)
-    arm_list = arms()
+    own_options = recipe(PROFILE)["task_options"]
+    task_options = own_options
+    if args.task_options is not None:
+        try:
+            task_options = parse_task_options(TASK, args.task_options)
+        except ValueError as e:
+            print(f"--task-options: {e}", file=sys.stderr)
+            return 2
+    own = task_options == own_options
+    arm_list = arms(None if own else task_options)
     chosen = list(arm_list) if args.only is None else args.only.split(",")
     unknown = [a for a in chosen if a not in arm_list]
     if unknown:
         print(f"--only: no arm {', '.join(unknown)}; the arms are {', '.join(arm_list)}", file=sys.stderr)
         return 2
     previous = json.loads(args.resume.read_text()) if args.resume else None
-    if previous and (previous.get("experiment") != EXPERIMENT or previous.get("minutes") != args.minutes):
-        print(f"--resume: {args.resume} is not a {EXPERIMENT} record of {args.minutes:g} minutes", file=sys.stderr)
+    if previous and (
+        previous.get("experiment") != EXPERIMENT
+        or previous.get("minutes") != args.minutes
+        or previous.get("task_options", own_options) != task_options
+    ):
+        print(
+            f"--resume: {args.resume} is not a {EXPERIMENT} record of {args.minutes:g} minutes on these task options",
+            file=sys.stderr,
+        )
         return 2
+    label = task_label(task_options, own_options)
+    out = args.out / label
     runs: dict[str, list[dict]] = {
         name: list((previous or {}).get("arms", {}).get(name, {}).get("runs", [])) for name in arm_list
     }
@@ -238,16 +280,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             arm = arm_list[arm_name]
             if arm is None:
-                figures = peer_figures(run_peer(seed, args.minutes, args.out))
+                figures = peer_figures(run_peer(seed, args.minutes, out, None if own else task_options))
             else:
-                summary = run_arm(arm, seed, args.minutes, args.out, eval_prompts=eval_prompts)
-                run_dir = args.out / arm.name / f"seed-{seed}"
+                summary = run_arm(arm, seed, args.minutes, out, eval_prompts=eval_prompts)
+                run_dir = out / arm.name / f"seed-{seed}"
                 figures = tba_figures(summary, run_dir)
                 settings.setdefault("resolved", {})[arm_name] = resolved_settings(run_dir)
                 settings["eval_prompts"] = eval_prompts
             runs[arm_name].append({**figures, "commit": provenance()["commit"]})
-            rec = build_record(runs, args.minutes, args.seeds, settings, previous)
-            name = name or record_name("chain-sum", args.minutes, rec)
+            rec = build_record(runs, args.minutes, args.seeds, settings, previous, task_options, own)
+            name = name or record_name(label, args.minutes, rec)
             write_record(args.results, EXPERIMENT, name, rec)
     return 0
 

@@ -44,32 +44,69 @@ def experiment_records(records: list[tuple[str, Record]]) -> list[tuple[str, Rec
     return [(n, r) for n, r in records if r.get("experiment") == "real-model"]
 
 
+def recipe_options() -> dict[str, Any]:
+    """The recipe's task options: the real-model profile's, as they are now."""
+    from experiments.peer import recipe
+
+    return recipe("real-model")["task_options"]
+
+
+def by_task(records: list[tuple[str, Record]]) -> list[tuple[str, Record]]:
+    """The newest record of each task the experiment ran, the recipe's task first."""
+    newest: dict[str, tuple[str, Record]] = {}
+    for name, r in experiment_records(records):  # oldest first
+        newest[json.dumps(_options(r), sort_keys=True)] = (name, r)
+    own = recipe_options()
+    return sorted(newest.values(), key=lambda nr: _options(nr[1]) != own)
+
+
+def _options(record: Record) -> dict[str, Any]:
+    return record.get("task_options") or {}
+
+
 def page(records: list[tuple[str, Record]]) -> str:
-    name, record = experiment_records(records)[-1]
-    gains = _gains(record)
-    machine = record.get("machine") or {}
+    shown = by_task(records)
     lines = header(
         "A pretrained model learns through the system: SmolLM2-135M-Instruct",
         [
-            "SmolLM2-135M-Instruct learns reasoning-gym's `chain_sum` (the sum of two numbers of one or two digits), "
-            "asked in chat form and read by the lenient answer reader, with `tba up --profile real-model` "
-            "(tba/local/profiles/real-model.toml, `make demo-real`). Three arms on the same 2 cores, the same "
-            "held-out prompts and the same budget: the recipe as it is (asynchronous), the same recipe exactly "
-            "on-policy, and TRL's `GRPOTrainer` on the same model, prompts, answer reader and completion length "
-            "(`python -m experiments.peer`, its configuration in experiments/peer.py).",
+            "SmolLM2-135M-Instruct learns reasoning-gym tasks, asked in chat form and read by the lenient answer "
+            "reader, with `tba up --profile real-model` (tba/local/profiles/real-model.toml, `make demo-real`). "
+            "Three arms on the same 2 cores, the same held-out prompts and the same budget: the recipe as it is "
+            "(asynchronous), the same recipe exactly on-policy, and TRL's `GRPOTrainer` on the same model, "
+            "prompts, answer reader and completion length (`python -m experiments.peer`, its configuration in "
+            "experiments/peer.py). One section per task: the recipe's own first, then those run with "
+            "`--task-options`.",
             "",
-            f"Held-out greedy accuracy on {record['evaluation'].get('prompts') or '-'} prompts, every "
-            f"{record['evaluation']['every_s']:g} s; the TBA arms' checkpoints are evaluated after the run, the "
-            "peer's clock stops while it evaluates. Times count from the first optimizer step; the targets are "
-            "points over the raw model's accuracy.",
-            "",
-            f"CPU: {md.cpu(machine)}, {machine.get('cores', '?')} cores; {md.date(record)}; code {_code(record)}; "
-            f"data {md.data_link('real-model', name)}.",
-            "",
-            "## Time to each target",
+            "Held-out greedy accuracy; the TBA arms' checkpoints are evaluated after the run, the peer's clock stops "
+            "while it evaluates. Times count from the first optimizer step; the targets are points over the raw "
+            "model's accuracy.",
             "",
         ],
     )
+    own = recipe_options()
+    for name, record in shown:
+        lines += _task_section(name, record, recipe=_options(record) == own)
+    forms = [(n, r) for n, r in records if r.get("experiment") == "prompt-forms"]
+    if forms:
+        lines += _forms_section(forms)
+    return "\n".join(lines)
+
+
+def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
+    """One task's record: times to each target, their ratios, the runs, the claim's targets, the time split."""
+    gains = _gains(record)
+    machine = record.get("machine") or {}
+    lines = [
+        f"## {_task_label(_options(record))}" + (": the recipe's task" if recipe else ""),
+        "",
+        f"Held-out greedy accuracy on {record['evaluation'].get('prompts') or '-'} prompts, every "
+        f"{record['evaluation']['every_s']:g} s, {record['minutes']:g} minutes per run. CPU: {md.cpu(machine)}, "
+        f"{machine.get('cores', '?')} cores; {md.date(record)}; code {_code(record)}; data "
+        f"{md.data_link('real-model', name)}.",
+        "",
+        "### Time to each target",
+        "",
+    ]
     rows = []
     for arm, label in ARMS.items():
         a = record["arms"].get(arm)
@@ -87,7 +124,7 @@ def page(records: list[tuple[str, Record]]) -> str:
             ]
         )
     lines += md.table(["arm", "seeds", "raw model", *(f"time to {_points(g)}" for g in gains), "end", "steps"], rows)
-    lines += ["", "## Ratios of the times, seed against seed", ""]
+    lines += ["", "### Ratios of the times, seed against seed", ""]
     ratio_rows = []
     for a, b in (("async-tb", "sync-tb"), ("async-tb", "trl-grpo")):
         p = _pair(record, a, b)
@@ -101,7 +138,7 @@ def page(records: list[tuple[str, Record]]) -> str:
         "Bold: at or below 0.5. In brackets: the range of the per-seed ratios; a seed that did not reach a target "
         "in one of the arms is left out of that target's ratio.",
         "",
-        "## Runs",
+        "### Runs",
         "",
     ]
     run_rows = []
@@ -134,15 +171,11 @@ def page(records: list[tuple[str, Record]]) -> str:
         ],
         run_rows,
     )
-    lines += ["", "## Against the claim's targets", ""]
+    lines += ["", "### Against the claim's targets", ""]
     lines += md.table(["target", "measured", "seeds", "verdict"], targets(record))
-    lines += ["", "## Where the time goes (asynchronous arm)", ""]
+    lines += ["", "### Where the time goes (asynchronous arm)", ""]
     lines += _time_table(record)
-    lines += ["", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
-    forms = [(n, r) for n, r in records if r.get("experiment") == "prompt-forms"]
-    if forms:
-        lines += _forms_section(forms)
-    return "\n".join(lines)
+    return [*lines, "", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
 
 
 def _forms_section(forms: list[tuple[str, Record]]) -> list[str]:
@@ -287,10 +320,10 @@ def _time_table(record: Record) -> list[str]:
 def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | None:
     """The README row: the recipe's accuracy from start to end and its time to the last target, and the ratios
     of that time against the on-policy loop and TRL where those arms have runs."""
-    records = experiment_records(records)
-    if not records:
+    shown = by_task(records)
+    if not shown:
         return None
-    name, record = records[-1]
+    name, record = shown[0]
     last = _gains(record)[-1]
     mine = record["arms"]["async-tb"]["summary"]
     ratios = {b: _pair(record, "async-tb", b) for b in ("trl-grpo", "sync-tb")}
@@ -312,7 +345,7 @@ def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | Non
         PAGE,
         record,
         [name],
-        task="reasoning-gym chain_sum",
+        task=f"reasoning-gym {_options(record).get('dataset', '?')}",
         model=MODEL,
         budget=f"{record['minutes']:g} min",
         seeds=mine["accuracy_end"]["of"],

@@ -53,7 +53,8 @@ def test_a_short_run_trains_evaluates_and_records_itself(tiny_model: Path, tmp_p
 
 def test_bad_arguments_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for argv, message in [
-        (["--task-options", "{oops"], "--task-options is not valid JSON"),
+        (["--task-options", "{oops"], "--task-options: not JSON"),
+        (["--task-options", '{"dataset": "chain_summ"}'], "no dataset 'chain_summ'"),
         (["--minutes", "0"], "need --minutes > 0"),
     ]:
         with pytest.raises(SystemExit) as exit_info:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from experiments import report
-from experiments.prompt_forms import _measured, main
+from experiments.peer import task_label
+from experiments.prompt_forms import main
 
 
 def test_each_form_is_measured_and_recorded(tiny_model: Path, tmp_path: Path) -> None:
@@ -48,7 +49,7 @@ def test_a_bad_option_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) ->
 
 def test_screened_task_options_are_kept_apart_by_name() -> None:
     own = {"dataset": "chain_sum", "config": {"min_terms": 2}}
-    assert _measured(own, own) == "prompt-forms-chain-sum"
-    three = _measured({"dataset": "chain_sum", "config": {"min_terms": 3}}, own)
-    assert three.startswith("prompt-forms-chain-sum-") and three != _measured({"dataset": "chain_sum"}, own)
-    assert _measured({"config": {"min_terms": 3}, "dataset": "chain_sum"}, own) == three  # key order: same name
+    assert task_label(own, own) == "chain-sum"
+    three = task_label({"dataset": "chain_sum", "config": {"min_terms": 3}}, own)
+    assert three.startswith("chain-sum-") and three != task_label({"dataset": "chain_sum"}, own)
+    assert task_label({"config": {"min_terms": 3}, "dataset": "chain_sum"}, own) == three  # key order: same name
