@@ -23,28 +23,11 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 
 from tba.procs import parse_cpu_list
 
 log = logging.getLogger(__name__)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-
-
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of bf16 arithmetic in hardware
-
-
-def computes_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU does bf16 arithmetic in hardware (AMX or AVX512-BF16), where vLLM's CPU kernels
-    generate in bfloat16 faster than in float32 (figures: services/searcher/README.md). ``cpuinfo``: the text
-    of /proc/cpuinfo (read when None; no such file: False)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[-1].split()}
-    return any(flag in flags for flag in BF16_FLAGS)
 
 
 def allowed_cpus() -> list[int]:

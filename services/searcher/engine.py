@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
-from services.searcher.cpus import computes_bf16, pin_engine_core, spare_cpus
+from services.searcher.cpus import pin_engine_core, spare_cpus
 from services.searcher.startup import WEIGHT_PATTERNS
 from services.searcher.worker_ext import CAST_DTYPE_ENV, SPIN_ENV
 from tba.model.adapters import is_adapter, vllm_max_rank
+from tba.model.precision import computes_bf16
 from tba.schemas import FinishReason
 from tba.settings import SearcherSettings
 

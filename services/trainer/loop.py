@@ -50,6 +50,7 @@ from tba.checkpoint_leases import CheckpointLeases
 from tba.checkpoints import CheckpointStore, model_identity
 from tba.health import HealthServer
 from tba.keys import Keys
+from tba.model.precision import compute_dtype
 from tba.schemas import SampledBatch, SampleRequest
 from tba.settings import SettingsError, TrainerSettings
 from tba.tracking import Tracker
@@ -223,7 +224,7 @@ class Trainer:
             pad_id=pad_id,
             token_budget=s.token_budget,
             grad_clip=s.grad_clip,
-            compute_dtype=s.dtype,
+            compute_dtype=compute_dtype(s.dtype, torch.device(self.device).type),
             prefix_sharing=s.prefix_sharing,
             ranks=self.ranks,
             reference=TrainerReference(model, str(s.model), bool(s.lora_rank), self.device)

@@ -189,7 +189,9 @@ def test_the_decoupling_command_writes_its_record_where_it_is_told(tmp_path: Pat
     assert "## Current result" in report.build(results / "data")[results / "decoupling.md"]
 
 
-def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path: Path, monkeypatch) -> None:
+def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
+    tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture
+) -> None:
     """``python -m experiments.real_model`` end to end, its runs faked: times from the first step to +10/+20/+30
     points over the raw model, the async / sync and async / TRL ratios seed against seed, a record rewritten after
     every run that ``--resume`` continues without running again what it holds, and the page and README row."""
@@ -203,12 +205,16 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
         "trl-grpo": [0.125, 0.125, 0.3, 0.2, 0.5],
     }
 
+    task_options_seen: list = []
+
     def run_arm(arm, seed, minutes, out, eval_prompts):
         started.append(f"{arm.name}/{seed}")
+        task_options_seen.append(arm.env.get("TBA_TASK_OPTIONS"))
         return fake_run(out / arm.name / f"seed-{seed}", seed, arm.mode, 0.1, curves[arm.name])
 
-    def run_peer(seed, minutes, out):
+    def run_peer(seed, minutes, out, task_options=None):
         started.append(f"trl-grpo/{seed}")
+        task_options_seen.append(task_options)
         evals = [{"t": 20.0 * i, "step": i, "accuracy": a} for i, a in enumerate(curves["trl-grpo"])]
         return {"seed": seed, "evaluations": evals, "steps": 4, "samples_trained": 256, "budget_s": minutes * 60}
 
@@ -272,3 +278,29 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(tmp_path
     assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2, 2] and record["seeds"] == 2
     assert real_model_page.targets({**record, "seeds": 3})[0][3] == "met so far (2 of 3 seeds)"
     assert real_model.main([*argv, "--minutes", "10", "--resume", str(path)]) == 2  # another budget: refused
+    assert task_options_seen == [None] * 6  # the profile's own task: nothing overridden
+
+    # Another task (--task-options): every arm runs on it, its record is kept apart, the page shows both tasks
+    # with the recipe's first, and a record of one task does not resume on another.
+    three = '{"dataset": "chain_sum", "config": {"min_terms": 3, "max_terms": 3}, "reader": "lenient"}'
+    started.clear()
+    task_options_seen.clear()
+    argv = ["--seeds", "1", "--minutes", "20", "--out", str(tmp_path / "runs3"), "--results", str(results)]
+    assert real_model.main([*argv, "--task-options", three, "--resume", str(path)]) == 2
+    assert real_model.main([*argv, "--task-options", three]) == 0
+    assert started == ["async-tb/0", "trl-grpo/0", "sync-tb/0"]
+    assert [json.loads(t) if isinstance(t, str) else t for t in task_options_seen] == [json.loads(three)] * 3
+    (other,) = [p for p in (results / "data" / "real-model").glob("chain-sum-*-20min-*.json") if p != path]
+    assert json.loads(other.read_text())["task_options"] == json.loads(three)
+    assert f"--task-options '{json.dumps(json.loads(three))}'" in json.loads(other.read_text())["command"]
+    page = report.build(results / "data")[results / "real-model.md"]
+    sections = [line for line in page.splitlines() if line.startswith("## `chain_sum`")]
+    assert len(sections) == 2 and sections[0].endswith("the recipe's task") and "(min_terms 3" in sections[1]
+    row = next(
+        c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model"
+    )
+    assert path.stem in row["records"]  # the README's row is the recipe's task
+    for bad, message in [("{oops", "not JSON"), ('{"dataset": "chain_summ"}', "no dataset 'chain_summ'")]:
+        capsys.readouterr()
+        assert real_model.main([*argv, "--task-options", bad]) == 2 and message in capsys.readouterr().err
+    assert len(list((results / "data" / "real-model").glob("chain-sum-*.json"))) == 2  # nothing more

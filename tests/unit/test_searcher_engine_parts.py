@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.searcher.cpus import computes_bf16, generation_cpus, lower_thread_priority, pinned, spare_cpus
+from services.searcher.cpus import generation_cpus, lower_thread_priority, pinned, spare_cpus
 from services.searcher.engine import (
     Engine,
     EngineStopped,
@@ -32,6 +32,7 @@ from services.searcher.worker_ext import (
     IntendedCasts,
     configure_process,
 )
+from tba.model.precision import computes_bf16
 from tba.procs import parse_cpu_list
 from tba.settings import SearcherSettings
 
