@@ -134,7 +134,11 @@ class ModelSettings(CommonSettings):
 
     model: Path = Field(Path("models/base"), description="Base (and reference) model directory, HF format.")
     checkpoint_dir: Path = Field(Path("checkpoints"), description="Shared directory of published checkpoints.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype (bf16 on GPUs).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Weights dtype (bf16 on GPUs). A CPU trainer set to bfloat16 computes under bf16 autocast on a "
+        "CPU with bf16 arithmetic (AMX or AVX512-BF16), else in float32.",
+    )
     seed: int = Field(0, description="Random seed.")
     metrics_host: str = Field("127.0.0.1", description="Address of the health/metrics HTTP server.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the health/metrics server (0: any free).")
