@@ -55,6 +55,7 @@ def measure(work: dict[str, Any], form: str, samples: int, prompts: int, threads
         "chat": result["chat"],
         "reader": reader,
         "stop": stop,
+        "prompts": result["n_prompts"],  # a small generator may hold fewer held-out prompts than asked for
         "greedy": result["greedy_accuracy"],
         "pass_at_k": result["pass_at_k"],
         "examples": result["examples"],
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": work["temperature"],
         "max_new_tokens": work["max_new_tokens"],
         "command": f"python -m experiments.prompt_forms --profile {args.profile} --samples {args.samples}"
+        + (f" --forms {args.forms}" if forms != list(FORMS) else "")
         + (f" --task-options '{args.task_options}'" if args.task_options is not None else ""),
         "forms": rows,
     }

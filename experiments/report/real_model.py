@@ -186,7 +186,6 @@ def _forms_section(forms: list[tuple[str, Record]]) -> list[str]:
         newest[json.dumps(r.get("task_options"), sort_keys=True)] = (name, r)
     shown = list(newest.values())
     last = shown[-1][1]
-    k = last["samples"]
     lines = [
         "## The raw model in each prompt form",
         "",
@@ -203,14 +202,15 @@ def _forms_section(forms: list[tuple[str, Record]]) -> list[str]:
             md.pct(f["greedy"]),
             md.pct(f["pass_at_k"].get("1")),
             f"{md.pct(f['pass_at_k'].get(str(r['samples'])))} (k {r['samples']})",
-            r["prompts"],
+            f.get("prompts", r["prompts"]),
             md.data_link("real-model", name),
         ]
         for name, r in shown
         for f in r["forms"]
     ]
     lines += md.table(["task", "form", "greedy", "pass@1", "pass@k", "prompts", "data"], rows)
-    return [*lines, "", f"Reproduce: `{last['command']}` (k {k}), then `python -m experiments.report`.", ""]
+    reproduce = f"Reproduce: each record's `command` (in its data; the newest: `{last['command']}`)"
+    return [*lines, "", f"{reproduce}, then `python -m experiments.report`.", ""]
 
 
 def _task_label(options: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ def test_each_form_is_measured_and_recorded(tiny_model: Path, tmp_path: Path) ->
     assert record["experiment"] == "prompt-forms" and record["prompts"] == 4 and record["samples"] == 2
     assert [f["form"] for f in record["forms"]] == ["plain-first-line", "plain-lenient"]
     for form in record["forms"]:
-        assert not form["chat"] and form["stop"] == ["\n"]
+        assert not form["chat"] and form["stop"] == ["\n"] and form["prompts"] == 4
         assert 0.0 <= form["greedy"] <= 1.0 and set(form["pass_at_k"]) == {"1", "2"}
         assert form["pass_at_k"]["1"] <= form["pass_at_k"]["2"]
     assert [f["reader"] for f in record["forms"]] == ["tags", "lenient"]
