@@ -11,6 +11,9 @@ per seed, interleaved seed by seed on the same 2 cores:
   version the searcher generates one batch of the trainer's P prompts the moment the checkpoint is verified,
   the trainer trains on exactly those samples and publishes every step (``--mode sync``,
   ``TBA_MAX_BATCHES_PER_VERSION=1``); each core idles while the other works;
+- ``sync-tb-2-cores`` (only when named in ``--only``): the same on-policy loop with the trainer on both cores
+  (two torch threads; the searcher, on CPU 0, idles while it trains): where the trainer's step, not generation,
+  sets the pace, the on-policy loop's other candidate for the fastest;
 - ``trl-grpo``: ``python -m experiments.peer`` with the same profile: TRL's ``GRPOTrainer`` on the same model,
   prompts, answer reader, completion length, held-out set and budget, generating with transformers, on both
   cores.
@@ -59,6 +62,8 @@ EVAL_EVERY = 20.0  # seconds between the checkpoints evaluated: the resolution o
 PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1", "backfill": 0}
 PEER = "trl-grpo"
 EXPERIMENT = "real-model"
+DEFAULT_ARMS = ("async-tb", PEER, "sync-tb")  # the arms run unless --only names others
+ON_POLICY = ("sync-tb", "sync-tb-2-cores")  # the exactly on-policy arms, each paired with async-tb
 
 
 def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
@@ -70,6 +75,13 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
         "async-tb": Arm("async-tb", mode="async", env=task_env, **common, **PLACEMENT),
         PEER: None,
         "sync-tb": Arm("sync-tb", mode="sync", env={**SYNC_ENV, **task_env}, **common, **PLACEMENT),
+        "sync-tb-2-cores": Arm(
+            "sync-tb-2-cores",
+            mode="sync",
+            env={**SYNC_ENV, **task_env},
+            **common,
+            **{**PLACEMENT, "trainer_cpus": "0,1"},
+        ),
     }
 
 
@@ -216,9 +228,7 @@ def build_record(
         "evaluation": {"every_s": EVAL_EVERY, "after_run": True, "prompts": settings.get("eval_prompts")},
         "settings": settings,
         "arms": {name: {"summary": arm_summary(r), "runs": r} for name, r in runs.items() if r},
-        "pairs": [
-            pair(runs, a, b) for a, b in (("async-tb", "sync-tb"), ("async-tb", PEER)) if runs.get(a) and runs.get(b)
-        ],
+        "pairs": [pair(runs, "async-tb", b) for b in (*ON_POLICY, PEER) if runs.get("async-tb") and runs.get(b)],
     }
     rec["date"] = provenance()["date"]
     return rec
@@ -226,7 +236,10 @@ def build_record(
 
 def main(argv: list[str] | None = None) -> int:
     options = {
-        "only": {"default": None, "help": "Comma-separated arms to run (default: all of async-tb, trl-grpo, sync-tb)."},
+        "only": {
+            "default": None,
+            "help": f"Comma-separated arms to run (default: {', '.join(DEFAULT_ARMS)}; also sync-tb-2-cores).",
+        },
         "resume": {
             "type": Path,
             "default": None,
@@ -250,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     own = task_options == own_options
     arm_list = arms(None if own else task_options)
-    chosen = list(arm_list) if args.only is None else args.only.split(",")
+    chosen = list(DEFAULT_ARMS) if args.only is None else args.only.split(",")
     unknown = [a for a in chosen if a not in arm_list]
     if unknown:
         print(f"--only: no arm {', '.join(unknown)}; the arms are {', '.join(arm_list)}", file=sys.stderr)

@@ -203,12 +203,15 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
         "async-tb": [0.125, 0.125, 0.125, 0.45, 0.5],  # every 5 s from launch; the first step at 9.9 s
         "sync-tb": [0.125, 0.2, 0.3, 0.35, 0.45],
         "trl-grpo": [0.125, 0.125, 0.3, 0.2, 0.5],
+        "sync-tb-2-cores": [0.125, 0.2, 0.3, 0.35, 0.45],
     }
+    cpus: dict[str, str | None] = {}
 
     task_options_seen: list = []
 
     def run_arm(arm, seed, minutes, out, eval_prompts):
         started.append(f"{arm.name}/{seed}")
+        cpus[arm.name] = arm.trainer_cpus
         task_options_seen.append(arm.env.get("TBA_TASK_OPTIONS"))
         return fake_run(out / arm.name / f"seed-{seed}", seed, arm.mode, 0.1, curves[arm.name])
 
@@ -279,6 +282,23 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert real_model_page.targets({**record, "seeds": 3})[0][3] == "met so far (2 of 3 seeds)"
     assert real_model.main([*argv, "--minutes", "10", "--resume", str(path)]) == 2  # another budget: refused
     assert task_options_seen == [None] * 6  # the profile's own task: nothing overridden
+
+    # The on-policy loop with the trainer on both cores, run only when named: paired with the recipe like sync-tb,
+    # with a ratio row and a target of its own.
+    started.clear()
+    assert real_model.main([*argv, "--only", "sync-tb-2-cores", "--resume", str(path)]) == 0
+    assert started == ["sync-tb-2-cores/0", "sync-tb-2-cores/1"] and cpus == {**cpus, "sync-tb-2-cores": "0,1"}
+    assert cpus["sync-tb"] == "1"
+    record = json.loads(path.read_text())
+    ratios = {tuple(p["arms"]): p["time_ratio"] for p in record["pairs"]}
+    assert ratios[("async-tb", "sync-tb-2-cores")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
+    page = report.build(results / "data")[results / "real-model.md"]
+    assert "| TBA, asynchronous (the recipe) / TBA, exactly on-policy, the trainer on both cores | 2 |" in page
+    verdicts = {row[0]: row[3] for row in real_model_page.targets(record)}
+    assert verdicts["time to +30 points, async / on-policy (the trainer on both cores) ≤ 0.5, every seed < 1"] == (
+        "not met"
+    )
+    assert real_model.main([*argv, "--only", "sync-tb-3-cores"]) == 2  # no such arm
 
     # Another task (--task-options): every arm runs on it, its record is kept apart, the page shows both tasks
     # with the recipe's first, and a record of one task does not resume on another.
