@@ -174,7 +174,10 @@ def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
     lines += md.table(["target", "measured", "seeds", "verdict"], targets(record))
     lines += ["", "### Where the time goes (asynchronous arm)", ""]
     lines += _time_table(record)
-    return [*lines, "", f"Reproduce: `{record['command']}`, then `python -m experiments.report`.", ""]
+    extra = ""
+    if "sync-tb-2-cores" in record["arms"]:
+        extra = "; the trainer on both cores: the same with `--only sync-tb-2-cores --resume` on the record"
+    return [*lines, "", f"Reproduce: `{record['command']}`{extra}, then `python -m experiments.report`.", ""]
 
 
 def _forms_section(forms: list[tuple[str, Record]]) -> list[str]:

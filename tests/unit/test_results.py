@@ -294,6 +294,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert ratios[("async-tb", "sync-tb-2-cores")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
     page = report.build(results / "data")[results / "real-model.md"]
     assert "| TBA, asynchronous (the recipe) / TBA, exactly on-policy, the trainer on both cores | 2 |" in page
+    assert "`--only sync-tb-2-cores --resume`" in page
     verdicts = {row[0]: row[3] for row in real_model_page.targets(record)}
     assert verdicts["time to +30 points, async / on-policy (the trainer on both cores) ≤ 0.5, every seed < 1"] == (
         "not met"
