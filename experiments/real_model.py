@@ -12,8 +12,9 @@ per seed, interleaved seed by seed on the same 2 cores:
   the trainer trains on exactly those samples and publishes every step (``--mode sync``,
   ``TBA_MAX_BATCHES_PER_VERSION=1``); each core idles while the other works;
 - ``sync-tb-2-cores`` (only when named in ``--only``): the same on-policy loop with the trainer on both cores
-  (two torch threads; the searcher, on CPU 0, idles while it trains): where the trainer's step, not generation,
-  sets the pace, the on-policy loop's other candidate for the fastest;
+  (two torch threads, the reference pass its own as in ``sync-tb``; the searcher, on CPU 0, idles while it
+  trains): where the trainer's step, not generation, sets the pace, the on-policy loop's other candidate for the
+  fastest;
 - ``trl-grpo``: ``python -m experiments.peer`` with the same profile: TRL's ``GRPOTrainer`` on the same model,
   prompts, answer reader, completion length, held-out set and budget, generating with transformers, on both
   cores.
@@ -78,7 +79,8 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
         "sync-tb-2-cores": Arm(
             "sync-tb-2-cores",
             mode="sync",
-            env={**SYNC_ENV, **task_env},
+            # Cores shared with the searcher would leave the reference pass on the searcher's one core.
+            env={**SYNC_ENV, "TBA_REF_PASS": "trainer", **task_env},
             **common,
             **{**PLACEMENT, "trainer_cpus": "0,1"},
         ),

@@ -206,12 +206,14 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
         "sync-tb-2-cores": [0.125, 0.2, 0.3, 0.35, 0.45],
     }
     cpus: dict[str, str | None] = {}
+    ref_pass: dict[str, str | None] = {}
 
     task_options_seen: list = []
 
     def run_arm(arm, seed, minutes, out, eval_prompts):
         started.append(f"{arm.name}/{seed}")
         cpus[arm.name] = arm.trainer_cpus
+        ref_pass[arm.name] = arm.env.get("TBA_REF_PASS")
         task_options_seen.append(arm.env.get("TBA_TASK_OPTIONS"))
         return fake_run(out / arm.name / f"seed-{seed}", seed, arm.mode, 0.1, curves[arm.name])
 
@@ -288,7 +290,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     started.clear()
     assert real_model.main([*argv, "--only", "sync-tb-2-cores", "--resume", str(path)]) == 0
     assert started == ["sync-tb-2-cores/0", "sync-tb-2-cores/1"] and cpus == {**cpus, "sync-tb-2-cores": "0,1"}
-    assert cpus["sync-tb"] == "1"
+    assert cpus["sync-tb"] == "1" and ref_pass["sync-tb-2-cores"] == "trainer"  # as sync-tb's placement gives it
     record = json.loads(path.read_text())
     ratios = {tuple(p["arms"]): p["time_ratio"] for p in record["pairs"]}
     assert ratios[("async-tb", "sync-tb-2-cores")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
