@@ -248,6 +248,7 @@ class LocalRun:
         # The run's cores, those it was placed on (else all it may use): the evaluations after the run take them all.
         self.cpus = sorted(set(args.searcher_cpus or []) | set(args.trainer_cpus or []) or os.sched_getaffinity(0))
         self.taken: list[TakenCheckpoint] = []  # --eval-after: the checkpoints set aside, evaluated after the run
+        self.parent = os.getppid()  # --eval-after: whoever waits for the evaluations after the run
         self.eval_thread: threading.Thread | None = None
         self.base_model: Path | None = None
         self.endpoints: dict[str, str] = {}  # service name -> its address, for the running summary
@@ -544,8 +545,17 @@ class LocalRun:
                     self._evaluate(store.verify(manifest), manifest.version)
         except (CheckpointError, OSError) as err:
             log.warning("final evaluation skipped: %s", err)
-        if self.args.eval_after:
-            self._evaluate_taken(observer)
+        if not self.args.eval_after:
+            return
+        if os.getppid() != self.parent:  # nobody is left to wait for minutes of evaluations
+            log.warning(
+                "the parent process is gone: the %d checkpoints taken are left unevaluated in %s "
+                "(evaluate them with `tba eval`)",
+                len(self.taken),
+                self.run_dir / "evaluated",
+            )
+            return
+        self._evaluate_taken(observer)
 
     # --- main loop ------------------------------------------------------
     def run(self) -> int:

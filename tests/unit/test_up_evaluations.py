@@ -60,3 +60,32 @@ def test_a_checkpoint_pruned_while_linked_leaves_nothing(tmp_path: Path, monkeyp
     with pytest.raises(FileNotFoundError):
         link_checkpoint(src, tmp_path / "evaluated" / "v000004")
     assert list((tmp_path / "evaluated").iterdir()) == []  # neither the snapshot nor its half-built directory
+
+
+def run_with_taken(tmp_path: Path, parent: int):
+    """A ``LocalRun`` as its shutdown finds it with --eval-after: one checkpoint set aside, none published since."""
+    from types import SimpleNamespace
+
+    from tba.local.eval_pool import TakenCheckpoint
+    from tba.local.up import LocalRun
+
+    run = object.__new__(LocalRun)  # no services: only the shutdown's last step is under test
+    run.args = SimpleNamespace(eval_after=True, keep_evaluated=False)
+    run.ckpt_dir, run.run_dir, run.parent = tmp_path / "checkpoints", tmp_path, parent
+    run.taken = [TakenCheckpoint(0.0, 0, tmp_path / "evaluated" / "v000000", None)]
+    evaluated = []
+    run._evaluate_taken = lambda observer: evaluated.append(observer)
+    return run, evaluated
+
+
+def test_the_evaluations_after_the_run_wait_for_nobody_once_the_parent_is_gone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run, evaluated = run_with_taken(tmp_path, parent=os.getppid())
+    run._final_eval("observer", stopped_at=60.0)
+    assert evaluated == ["observer"]  # the parent still waits: the checkpoints are evaluated
+
+    orphan, evaluated = run_with_taken(tmp_path, parent=os.getppid() + 1)  # started by a process now gone
+    orphan._final_eval("observer", stopped_at=60.0)
+    assert evaluated == []
+    assert "parent process is gone" in caplog.text and "tba eval" in caplog.text
