@@ -28,7 +28,7 @@ Each experiment's figures (its module says how each is measured):
 - ``environments``: ``summary`` and per run the accuracies, times to the targets, turns and environment tokens;
 - ``demo``: one record of every ``make demo`` run (experiments/demo.py adds one);
 - ``single-runs``: runs on shared cores with their curves; ``ablations/pilots``: levers measured in pilots, each
-  with the same session's figures without it.
+  with the same experiment's figures without it.
 
 A benchmark's record (``python -m benchmarks.run`` writes one per part, under ``<data>/<part>/``) holds, beside
 the provenance: ``benchmark`` (the part), ``model`` (``tiny``, a pretrained model's name, or null where the part

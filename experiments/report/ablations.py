@@ -1,4 +1,4 @@
-"""The one ablation table: every lever tried beside the experiments, measured against the same session's run
+"""The one ablation table: every lever tried beside the experiments, measured against the same experiment's run
 without it. Rows come from the levers the decoupling records name and from the pilots' record
 (docs/results/data/ablations/pilots.json)."""
 
@@ -55,7 +55,7 @@ def page(rows: list[dict[str, Any]]) -> str:
         "",
         md.BANNER,
         "",
-        "Each row is one change, measured beside the same session's run without it. The time column divides the "
+        "Each row is one change, measured beside the same experiment's run without it. The time column divides the "
         "time to each target with the change by the time without it: below 1 is sooner. Times run from the "
         "trainer's first step unless marked. Seeds are those both runs share.",
         "",
