@@ -31,6 +31,7 @@ from typing import Any
 
 from tba.model.cache import default_cache_root
 from tba.model.tiny import TinyModelSpec
+from tba.model.tokenizer import CHAT_MODES
 
 HELP = (
     "Supervised warm-up on a task's targets until held-out greedy accuracy reaches a target. "
@@ -82,11 +83,12 @@ def _stderr(msg: str) -> None:
 
 
 def _example(tokenizer: Any, task: Any, prompt: Any) -> tuple[list[int], list[int]]:
-    """(prompt ids as the policy sees them, target ids + EOS)."""
-    from tba.model.tokenizer import encode_prompt
+    """(prompt ids as the policy sees them: plain, or through the chat template for a task in chat form;
+    target ids + EOS)."""
+    from tba.model.evaluation import prompt_format_for
 
     target = tokenizer(task.sft_target(prompt), add_special_tokens=False)["input_ids"]
-    return encode_prompt(tokenizer, prompt.text), list(target) + [tokenizer.eos_token_id]
+    return prompt_format_for(task).encode(tokenizer, prompt.text), list(target) + [tokenizer.eos_token_id]
 
 
 def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
@@ -193,7 +195,13 @@ def _train(base_dir: Path, out_dir: Path, task: Any, config: SFTConfig, log: Log
         model,
         tokenizer,
         out_dir,
-        {"result": asdict(result), "config": asdict(config), "task": task.name, "base": str(base_dir)},
+        {
+            "result": asdict(result),
+            "config": asdict(config),
+            "task": task.name,
+            "chat": task.chat,
+            "base": str(base_dir),
+        },
     )
     log(
         f"sft: final held-out greedy accuracy {result.accuracy:.1%} after {step} steps, {result.seconds:.0f}s"
@@ -315,6 +323,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="arithmetic", help="Task whose supervised targets to learn.")
     parser.add_argument("--task-options", default="{}", help="Task options as JSON, e.g. '{\"digits\": 2}'.")
     parser.add_argument(
+        "--chat-template",
+        choices=CHAT_MODES,
+        default="auto",
+        help="Prompts through the model's chat template, as the searchers' TBA_CHAT_TEMPLATE: on, off, or auto "
+        "(when the --base model has one).",
+    )
+    parser.add_argument(
         "--target-accuracy",
         type=float,
         default=d.target_accuracy,
@@ -347,6 +362,17 @@ def _train_to(base: Path | None, out: Path, task: Any, config: SFTConfig, seed: 
         shutil.rmtree(init_dir, ignore_errors=True)
 
 
+def _chat(base: Path | None, mode: str) -> bool:
+    """Whether the warm-up's prompts go through the chat template: as a searcher decides for the same model."""
+    from tba.model.tokenizer import load_tokenizer, uses_chat
+
+    if base is None:  # a fresh tiny model: its tokenizer has no template
+        if mode == "on":
+            raise ValueError("--chat-template on needs a --base model with a chat template")
+        return False
+    return uses_chat(load_tokenizer(base), mode)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         options = json.loads(args.task_options)
@@ -362,7 +388,7 @@ def main(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        task = make_task(args.task, options)
+        task = make_task(args.task, options, chat=_chat(args.base, args.chat_template))
         if args.out is None:
             out = ensure_base_model(
                 task=args.task, options=options, seed=args.seed, config=config, log=print, threads=args.threads

@@ -53,3 +53,22 @@ def test_chat_mode_resolution(tokenizer, chat_tokenizer) -> None:
         uses_chat(tokenizer, "on")
     with pytest.raises(ValueError, match="must be one of auto, on, off"):
         uses_chat(tokenizer, "yes")
+
+
+def test_the_warm_up_sees_prompts_as_the_searchers_encode_them(tokenizer, chat_tokenizer) -> None:
+    from tba.model.sft import _example
+    from tba.tasks import make_task
+
+    for tok, chat in ((tokenizer, False), (chat_tokenizer, True)):
+        task = make_task("arithmetic", chat=chat)
+        prompt = task.eval_prompts(1)[0]
+        ids, target = _example(tok, task, prompt)
+        assert ids == PromptFormat(chat=chat).encode(tok, prompt.text)
+        assert tok.decode(target[:-1]) == task.sft_target(prompt) and target[-1] == tok.eos_token_id
+
+
+def test_the_warm_up_refuses_a_chat_form_a_fresh_tiny_model_cannot_take(capsys: pytest.CaptureFixture) -> None:
+    from tba.cli import main as tba_main
+
+    assert tba_main(["model", "sft", "--out", "/nonexistent/sft", "--chat-template", "on"]) == 2
+    assert "--chat-template on needs a --base model with a chat template" in capsys.readouterr().err
