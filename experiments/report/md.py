@@ -80,7 +80,20 @@ def date(record: Mapping[str, Any]) -> str:
 
 
 def cpu(machine: Mapping[str, Any] | None) -> str:
-    return (machine or {}).get("cpu_model") or "unknown"
+    """The CPU's model and, where its flags were recorded, the widest arithmetic it has: a virtual machine
+    often names only the vendor ("AMD EPYC"), and the flags decide how fast the trainer computes."""
+    machine = machine or {}
+    name = machine.get("cpu_model") or "unknown"
+    flags = set(machine.get("cpu_flags") or ())
+    if not flags or name.endswith(")"):  # no flags, or the name says it already
+        return name
+    if flags & {"amx_bf16", "amx_tile"}:
+        return f"{name} (AMX)"
+    if "avx512_bf16" in flags:
+        return f"{name} (AVX512-BF16)"
+    if "avx512f" in flags:
+        return f"{name} (AVX-512, no bf16)"
+    return f"{name} (AVX2, no AVX-512)" if "avx2" in flags else name
 
 
 def data_link(experiment: str, name: str) -> str:
