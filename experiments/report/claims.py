@@ -31,7 +31,7 @@ def entry(claim_id: str, claim: str, page: str, record: Record, names: list[str]
         "task": fields.pop("task", record.get("task")),
         "model": fields.pop("model", MODEL),
         "cpu_model": machine.get("cpu_model", "unknown"),
-        "cpu": md.cpu(machine),  # the model with the arithmetic its flags show
+        "cpu_flags": machine.get("cpu_flags", []),
         "cores": machine.get("cores"),
         "commit": record.get("commit"),
         "recorded_in": record.get("recorded_in"),
@@ -222,7 +222,7 @@ def table(entries: list[dict[str, Any]], prefix: str) -> str:
                 ("" if c["model"] == MODEL else f"{c['model']}, ")
                 + f"{c['task']}, {c['budget']}, {c['seeds']} seed{'s' if c['seeds'] != 1 else ''}",
                 c["result"],
-                c["cpu"],
+                md.cpu(c),
                 c["settings"],
             ]
         )

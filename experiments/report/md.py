@@ -85,7 +85,7 @@ def cpu(machine: Mapping[str, Any] | None) -> str:
     machine = machine or {}
     name = machine.get("cpu_model") or "unknown"
     flags = set(machine.get("cpu_flags") or ())
-    if not flags or name.endswith(")"):  # no flags, or the name says it already
+    if not flags:
         return name
     if flags & {"amx_bf16", "amx_tile"}:
         return f"{name} (AMX)"

@@ -31,7 +31,7 @@ from typing import Any
 
 from tba.model.cache import default_cache_root
 from tba.model.tiny import TinyModelSpec
-from tba.model.tokenizer import CHAT_MODES
+from tba.model.tokenizer import CHAT_MODES, load_tokenizer, uses_chat
 
 HELP = (
     "Supervised warm-up on a task's targets until held-out greedy accuracy reaches a target. "
@@ -364,8 +364,6 @@ def _train_to(base: Path | None, out: Path, task: Any, config: SFTConfig, seed: 
 
 def _chat(base: Path | None, mode: str) -> bool:
     """Whether the warm-up's prompts go through the chat template: as a searcher decides for the same model."""
-    from tba.model.tokenizer import load_tokenizer, uses_chat
-
     if base is None:  # a fresh tiny model: its tokenizer has no template
         if mode == "on":
             raise ValueError("--chat-template on needs a --base model with a chat template")
