@@ -27,6 +27,8 @@ _GAUGES = (
     "groups_stored",
     "dead_letters",
     "samples_served",
+    "samples_served_distinct",
+    "samples_stored_total",
     "dedup_records",
 )
 

@@ -247,10 +247,11 @@ class Sampler:
         pipe = store.redis.pipeline(transaction=False)
         for prompt_id, sample_ids in wanted:
             pipe.hmget(store.keys.prompt_key(prompt_id, "records"), sample_ids)
+        pipe.pfadd(store.served_distinct_key, *(f"{p}/{s.decode()}" for p, ids in wanted for s in ids))
         pipe.hincrby(store.stats_key, "samples_served", served)
         pipe.hincrby(store.stats_key, "sample_requests", 1)
         pipe.hget(store.stats_key, GENERATED_COUNTER)
-        *records, _served, _requests, generated = await pipe.execute()
+        *records, _distinct, _served, _requests, generated = await pipe.execute()
         return records, int(generated or 0)
 
 

@@ -55,6 +55,9 @@ STAT_COUNTERS = (
 )
 # Every generated sample taken in, duplicates included: what the trainer's reuse bound counts against.
 GENERATED_COUNTER = "samples_ingested"
+# A HyperLogLog of every stored sample served at least once (prompt and sample id): the distinct samples trained
+# on, to set against the distinct samples stored, in 12 KB whatever the run's length (standard error 0.81%).
+SERVED_DISTINCT = "served_distinct"
 # Per-item answers of the global step (global_step.lua).
 APPLIED, RESENT, NOTHING_TO_DO = 0, 1, 2
 # Evictions planned per capacity check at most (each empties at least one prompt's oldest samples).
@@ -163,6 +166,7 @@ class BufferStore:
         self.scripts = Scripts(redis)
         self.global_prefix = self.keys.global_key("")
         self.stats_key = self.keys.global_key("stats")
+        self.served_distinct_key = self.keys.global_key(SERVED_DISTINCT)
         self.intents_key = self.keys.global_key("intents")
         self.arrivals = Arrivals()
         self._objective: tuple[float, str] | None = None
@@ -428,7 +432,8 @@ class BufferStore:
         pipe.smembers(self.keys.global_key("searchers"))
         pipe.zcard(self.keys.global_key("groups"))
         pipe.hgetall(self.keys.global_key("searcher_samples"))
-        raw, prompts, version_counts, searchers, remembered, stored_by = await pipe.execute()
+        pipe.pfcount(self.served_distinct_key)
+        raw, prompts, version_counts, searchers, remembered, stored_by, served_distinct = await pipe.execute()
         counters = {k.decode(): v for k, v in raw.items()}
         samples = int(counters.get("samples", 0))
         reward_sum = float(counters.get("reward_sum", 0.0))
@@ -442,6 +447,10 @@ class BufferStore:
         for name in STAT_COUNTERS:
             out[name] = int(counters.get(name, 0))
         out["groups_stored"] = out["groups_ingested"] - out["groups_duplicate"] - out["dead_letters"]
+        # Distinct samples served at least once (an estimate within about 1%), against the distinct samples
+        # stored over the run (``samples`` less what was evicted is what is left now).
+        out["samples_served_distinct"] = int(served_distinct)
+        out["samples_stored_total"] = out["samples_ingested"] - out["samples_duplicate"] - out["samples_dead_lettered"]
         by_searcher: dict[str, list[int]] = {}
         for member in searchers:
             sid, _, version = member.decode().rpartition("|")

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tba.local.cpu_usage import read_cpu_times
+from tba.local.report import trained_line
 from tba.schemas import SearcherState
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -108,6 +109,8 @@ def _buffer_brief(stats: dict[str, Any]) -> dict[str, Any]:
         "reward_mean",
         "samples_ingested",
         "samples_duplicate",
+        "samples_stored_total",
+        "samples_served_distinct",
         "groups_ingested",
         "dead_letters",
     )
@@ -221,6 +224,7 @@ def _buffer_panel(snap: Snapshot) -> Panel:
             ("samples", f"{_fmt(bf.get('samples'))} in {_fmt(bf.get('prompts'))} prompts"),
             ("ingest", f"{_fmt(snap.rates.get('ingest_per_s'), '.1f')} samples/s"),
             ("duplicates", _fmt(dup, ".0%")),
+            ("trained", trained_line(bf)),
             ("reward", _fmt(bf.get("reward_mean"), ".3f")),
             ("dead letters", _fmt(bf.get("dead_letters", bf.get("samples_dead_lettered")))),
         ]

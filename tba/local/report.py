@@ -181,6 +181,16 @@ def samples_generated(timeline: list[dict[str, Any]]) -> int | None:
     return total + sum(last.values()) if last else None
 
 
+def trained_line(buffer: dict[str, Any]) -> str:
+    """How many of the distinct samples stored over the run the trainer drew at least once: what the searchers
+    generated that went untrained (too stale by the time it was drawn, or never drawn)."""
+    stored, trained = buffer.get("samples_stored_total"), buffer.get("samples_served_distinct")
+    if not isinstance(stored, int) or not isinstance(trained, int):
+        return "-"
+    share = f" ({trained / stored:.0%})" if stored else ""
+    return f"{_count(trained)} of {_count(stored)} stored{share}"
+
+
 def summary_rows(summary: dict[str, Any], timeline: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """The report's first table: one short line per figure."""
     evals = summary.get("evaluations") or []
@@ -222,6 +232,7 @@ def summary_rows(summary: dict[str, Any], timeline: list[dict[str, Any]]) -> lis
             f"{_count(ingested)} / {_count(b.get('samples'))} in {_count(b.get('prompts'))} prompts",
         ),
         ("duplicates", f"{_count(duplicates)}{dup}"),
+        ("distinct samples trained on", trained_line(b)),
         ("evicted / dead-lettered", f"{_count(b.get('samples_evicted'))} / {_count(b.get('samples_dead_lettered'))}"),
         (
             "staleness of trained samples",

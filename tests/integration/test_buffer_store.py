@@ -68,6 +68,25 @@ async def test_round_trip_returns_stored_samples_exactly(make_store, redis_serve
     check_consistency(redis_server.client())
 
 
+async def test_distinct_samples_served_count_each_sample_once(make_store) -> None:
+    """samples_served counts draws; samples_served_distinct counts the stored samples drawn at least once, against
+    samples_stored_total, the distinct samples stored over the run (a resent group adds none)."""
+    store = await make_store()
+    groups = [make_group(f"p{i}", version=10, rewards=[0.0, 0.5, 1.0]) for i in range(2)]
+    for g in [*groups, groups[0]]:  # the first group resent: three duplicates
+        await store.write_group(g)
+    await store.write_group(make_group("stale", version=0, rewards=[1.0, 1.0]))  # older than the bound allows
+    sampler = Sampler(store)
+    stats = await store.stats()
+    assert stats["samples_served_distinct"] == 0 and stats["samples_stored_total"] == 8
+    for seed in range(3):  # K = 3 = the samples each prompt holds: every draw serves all six
+        await served(sampler, req(num_prompts=2, samples_per_prompt=3, trainer_version=10, max_staleness=0, seed=seed))
+    stats = await store.stats()
+    assert stats["samples_served"] == 18
+    assert stats["samples_served_distinct"] == 6
+    assert stats["samples_stored_total"] == 8 and stats["samples_duplicate"] == 3
+
+
 async def test_same_group_twice_is_stored_once(make_store, redis_server) -> None:
     store = await make_store()
     g = make_group("p", rewards=[1.0, 2.0, 3.0])

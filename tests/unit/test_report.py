@@ -102,6 +102,8 @@ def test_summary_rows_are_short_lines_never_lists() -> None:
             "samples_duplicate": 17000,
             "samples_evicted": 0,
             "samples_dead_lettered": 0,
+            "samples_stored_total": 3000,
+            "samples_served_distinct": 2400,
         },
         "staleness": {"mean": 79.8, "p95": 180, "max": 700},
         "restarts": {"searcher-1": 1},
@@ -113,5 +115,6 @@ def test_summary_rows_are_short_lines_never_lists() -> None:
     assert rows["time to accuracy"] == "50% at 372 s" and rows["targets not reached"] == "90%"
     assert rows["trainer steps"] == "4,721, 1999 versions published (last v3998)"
     assert rows["duplicates"] == "17,000 (85% of ingested)"
+    assert rows["distinct samples trained on"] == "2,400 of 3,000 stored (80%)"
     assert rows["staleness of trained samples"] == "mean 79.8, p95 180, max 700 versions"
     assert rows["restarts"] == "searcher-1 1x" and rows["events"] == "1 (listed below)"

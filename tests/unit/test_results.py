@@ -327,3 +327,18 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
         capsys.readouterr()
         assert real_model.main([*argv, "--task-options", bad]) == 2 and message in capsys.readouterr().err
     assert len(list((results / "data" / "real-model").glob("chain-sum-*.json"))) == 2  # nothing more
+
+
+def test_the_balance_target_counts_distinct_samples_trained_where_the_record_holds_them() -> None:
+    """Distinct samples trained (the buffer's count of samples served at least once) against distinct samples
+    stored: met at 80% or more; an older record without the count is judged by its draws against the stored."""
+    from experiments.report.real_model import _balance_rows
+
+    run = {"samples_generated": 1000, "samples_stored": 600, "samples_trained": 1000, "samples_duplicate": 400}
+    (row,) = _balance_rows([{**run, "samples_trained_distinct": 540}], planned=1)
+    assert row[3] == "**met**" and "90% of the distinct samples stored" in row[1] and "1.85×" in row[1]
+    (row,) = _balance_rows([{**run, "samples_trained_distinct": 420}], planned=1)
+    assert row[3] == "not met" and "70%" in row[1]
+    (row,) = _balance_rows([run], planned=1)  # draws 1.67x the distinct stored
+    assert row[3] == "not met" and "trained 1.67× the distinct stored" in row[1]
+    assert _balance_rows([{**run, "samples_stored": None}], planned=1) == []
