@@ -3,7 +3,8 @@ own scorer as the reward.
 
 ``TBA_TASK=reasoning-gym`` with ``TBA_TASK_OPTIONS='{"dataset": "chain_sum", "config": {"max_terms": 3}}'``:
 ``config`` goes to ``reasoning_gym.create_dataset`` as the generator's options (an unknown one is an error
-naming it). Training prompts are an endless seeded stream of the generator's entries; the held-out set is
+naming it; an option the generator takes as an enum, such as aiw's ``task_types``, is named by its value:
+``{"task_types": ["siblings", "friends"]}``). Training prompts are an endless seeded stream of the generator's entries; the held-out set is
 the first entries of a fixed seed, and a stable hash of the question keeps every held-out question out of
 training, as for the built-in tasks.
 
@@ -25,6 +26,8 @@ score it.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import itertools
 import threading
@@ -52,6 +55,32 @@ def _library() -> Any:
     return reasoning_gym
 
 
+def _enum_options(config_class: type, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with each value given for an enum-valued option of the generator (its default an enum, or a
+    list of them) turned into that enum, so that JSON can name it; a value the enum lacks is an error naming
+    the values it has."""
+    defaults = {}
+    for f in dataclasses.fields(config_class):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    out = dict(config)
+    for name, value in config.items():
+        default = defaults.get(name)
+        sample = default[0] if isinstance(default, list) and default else default
+        if not isinstance(sample, enum.Enum):
+            continue
+        kind = type(sample)
+        try:
+            out[name] = [kind(v) for v in value] if isinstance(value, list) else kind(value)
+        except ValueError:
+            raise ValueError(
+                f"reasoning-gym option {name!r} takes {', '.join(repr(m.value) for m in kind)}, got {value!r}"
+            ) from None
+    return out
+
+
 @register("reasoning-gym")
 class ReasoningGym(Task):
     def __init__(
@@ -70,7 +99,8 @@ class ReasoningGym(Task):
                 f"reasoning-gym has no dataset {dataset!r}; it has {len(rg.factory.DATASETS)}, e.g. "
                 f"{', '.join(sorted(rg.factory.DATASETS)[:12])}, ..."
             )
-        self.dataset, self.config = dataset, dict(config or {})
+        self.dataset = dataset
+        self.config = _enum_options(rg.factory.DATASETS[dataset][1], dict(config or {}))
         self.held_out_fraction = check_fraction(held_out_fraction)
         self._generate(seed=0, size=1)  # a bad option fails here, when the task is made, naming the option
         # Drawn by the searcher's generating thread, read by its scoring thread.

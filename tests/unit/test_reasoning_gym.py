@@ -69,6 +69,20 @@ def test_bad_names_and_options_are_clear_errors() -> None:
         task.reward(Prompt("chain_sum/unknown", "1 + 1 =", "2"), "2")
 
 
+def test_an_enum_option_is_named_by_its_value() -> None:
+    """aiw takes its task types as an enum: JSON names them by value, and a value it lacks is an error listing
+    the ones it has."""
+    options = {"task_types": ["siblings"], "task_type_weights": [1.0]}
+    task = make_task("reasoning-gym", {"dataset": "aiw", "config": options, "reader": "lenient"})
+    held = task.eval_prompts(20)
+    assert len(held) == 20 and all("sisters" in p.text or "brothers" in p.text for p in held)
+    assert all("colleagues" not in p.text and "friends" not in p.text for p in held)
+    p = held[0]
+    assert task.reward(p, f"The answer is {p.answer}.") == 1.0 and task.reward(p, "none") == 0.0
+    with pytest.raises(ValueError, match="'task_types' takes 'siblings', 'friends', 'colleagues', got"):
+        make_task("reasoning-gym", {"dataset": "aiw", "config": {"task_types": ["cousins"]}})
+
+
 def test_without_the_package_the_error_says_what_to_install(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym raises ImportError
     with pytest.raises(ValueError, match="pip install reasoning-gym==0.1.25"):
