@@ -4,9 +4,9 @@ own scorer as the reward.
 ``TBA_TASK=reasoning-gym`` with ``TBA_TASK_OPTIONS='{"dataset": "chain_sum", "config": {"max_terms": 3}}'``:
 ``config`` goes to ``reasoning_gym.create_dataset`` as the generator's options (an unknown one is an error
 naming it; an option the generator takes as an enum, such as aiw's ``task_types``, is named by its value:
-``{"task_types": ["siblings", "friends"]}``). Training prompts are an endless seeded stream of the generator's entries; the held-out set is
-the first entries of a fixed seed, and a stable hash of the question keeps every held-out question out of
-training, as for the built-in tasks.
+``{"task_types": ["siblings", "friends"]}``). Training prompts are an endless seeded stream of the generator's
+entries; the held-out set is the first entries of a fixed seed, and a stable hash of the question keeps every
+held-out question out of training, as for the built-in tasks.
 
 The reward is the dataset's ``score_answer`` on the answer read from the completion: in chat form the
 question is a user message asking for the answer in ``<answer>`` tags, read by reasoning-gym's own
