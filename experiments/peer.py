@@ -10,7 +10,9 @@ Configuration (:data:`GRPO`, every field written into the run's ``summary.json``
 completions per step (64 samples, as the TBA recipe's step), the searchers' temperature over the full
 distribution (top_k 0), the searchers' completion length, AdamW at a constant 1e-5, KL coefficient beta 0.05
 (TRL's k3 estimator against the initial weights), TRL's default loss (``dapo``) and group-scaled advantages,
-gradients clipped at 1, float32 on the CPU. The work itself (model, task and options, completion length,
+gradients clipped at 1, on the CPU in the precision the recipe's trainer computes in there (bf16 autocast over
+float32 weights where the profile sets ``TBA_DTYPE=bfloat16`` and the CPU does bf16 arithmetic, else float32:
+:func:`tba.model.precision.compute_dtype`). The work itself (model, task and options, completion length,
 system prompt, temperature, held-out prompts) comes from a ``tba up`` profile (``--profile``, default
 ``real-model``), so that the peer and the recipe cannot drift apart.
 
@@ -263,6 +265,7 @@ def recipe(profile_name: str) -> dict[str, Any]:
         "system_prompt": s.system_prompt,
         "chat_template": s.chat_template,
         "temperature": s.temperature,
+        "dtype": os.environ.get("TBA_DTYPE") or profile.settings("trainer", None).get("TBA_DTYPE", "float32"),
     }
 
 
@@ -336,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if work["model"] is None:
         parser.error(f"--model: the profile {args.profile!r} names no base model")
     from tba.model.importer import resolve_model
+    from tba.model.precision import compute_dtype
 
     run(
         resolve_model(work["model"]),
@@ -349,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         chat_template=work["chat_template"],
         system_prompt=work["system_prompt"],
         threads=args.threads,
-        overrides={"max_completion_length": work["max_new_tokens"], "temperature": work["temperature"]},
+        overrides={
+            "max_completion_length": work["max_new_tokens"],
+            "temperature": work["temperature"],
+            "bf16": compute_dtype(work["dtype"], "cpu") == "bfloat16",
+        },
     )
     return 0
 

@@ -243,3 +243,6 @@ def test_the_real_model_profile_is_the_recipe_the_trl_peer_runs(monkeypatch) -> 
         searcher.system_prompt,
     )
     assert work["eval_prompts"] == profile.run["eval-prompts"] == 48
+    assert work["dtype"] == profile.settings("trainer", None)["TBA_DTYPE"] == "bfloat16"  # the peer's precision
+    monkeypatch.setenv("TBA_DTYPE", "float32")
+    assert recipe("real-model")["dtype"] == "float32"  # the environment wins, as for tba up
