@@ -60,3 +60,20 @@ def test_bad_arguments_are_explained(tmp_path: Path, capsys: pytest.CaptureFixtu
         with pytest.raises(SystemExit) as exit_info:
             main([*argv, "--out", str(tmp_path)])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("dtype", "bf16_cpu", "bf16"), [("bfloat16", True, True), ("bfloat16", False, False)])
+def test_the_peer_computes_in_the_precision_the_recipe_s_trainer_computes_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, bf16_cpu: bool, bf16: bool
+) -> None:
+    """bf16 autocast where the profile's trainer computes in bfloat16 on this CPU, float32 where the CPU would
+    emulate it (tba.model.precision), so that the comparison with the recipe holds on either kind of CPU."""
+    from experiments import peer
+    from tba.model import precision
+
+    seen: dict = {}
+    monkeypatch.setattr(peer, "run", lambda *a, overrides=None, **kw: seen.update(overrides))
+    monkeypatch.setattr(precision, "computes_bf16", lambda cpuinfo=None: bf16_cpu)
+    monkeypatch.setenv("TBA_DTYPE", dtype)
+    assert main(["--model", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert seen["bf16"] is bf16 and seen["max_completion_length"] == 32
