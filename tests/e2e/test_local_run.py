@@ -142,6 +142,10 @@ def test_buffer_accounting_adds_up(run: dict) -> None:
         b["samples"] + b["samples_evicted"] + b["samples_duplicate"] + b["samples_dead_lettered"]
     ), b
     assert run["summary"]["groups_published"] == b["groups_ingested"], "a published group was not ingested"
+    # The trainer trained on some of what was stored, each sample counted once however often it was drawn (a
+    # HyperLogLog's count: within a few percent).
+    assert b["samples_stored_total"] == b["samples"] + b["samples_evicted"], b
+    assert 0 < b["samples_served_distinct"] <= 1.03 * min(b["samples_served"], b["samples_stored_total"]), b
 
 
 def test_final_checkpoint_loads_and_evaluates(run: dict) -> None:
