@@ -30,7 +30,8 @@ Recorded (docs/results/data/real-model/, rendered into docs/results/real-model.m
 to each target, the accuracy at the start, lowest and end, steps, samples generated and trained on, and for the
 ``tba up`` arms where the trainer's and the searcher's time went; per arm the spreads over seeds; the ratios
 async / sync and async / TRL of the times to each target. The record is rewritten after every run, so an
-interrupted experiment keeps what it measured; ``--resume RECORD`` continues one, running only the runs it lacks.
+interrupted experiment keeps what it measured; ``--resume RECORD`` continues one, running only the runs it lacks,
+on the CPU it was measured on (another CPU's runs would not compare within one record).
 
 Cost: 3 arms x seeds x (budget + ~2 min of start-up, shutdown and evaluation); 3 seeds at 20 minutes: ~3.3 h.
 ``--task-options JSON`` runs every arm on another generator or difficulty than the profile's (a task with more
@@ -279,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     ):
         print(
             f"--resume: {args.resume} is not a {EXPERIMENT} record of {args.minutes:g} minutes on these task options",
+            file=sys.stderr,
+        )
+        return 2
+    if previous and previous.get("machine") != provenance()["machine"]:
+        print(
+            f"--resume: {args.resume} was measured on {previous.get('machine')}, and this machine is "
+            f"{provenance()['machine']}: runs on another CPU do not compare within one record; start a new one",
             file=sys.stderr,
         )
         return 2

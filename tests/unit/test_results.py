@@ -283,6 +283,10 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2, 2] and record["seeds"] == 2
     assert real_model_page.targets({**record, "seeds": 3})[0][3] == "met so far (2 of 3 seeds)"
     assert real_model.main([*argv, "--minutes", "10", "--resume", str(path)]) == 2  # another budget: refused
+    elsewhere = tmp_path / "elsewhere.json"  # a record measured on another CPU: refused, its runs would not compare
+    elsewhere.write_text(json.dumps({**record, "machine": {**record["machine"], "cpu_model": "Another CPU"}}))
+    assert real_model.main([*argv, "--resume", str(elsewhere)]) == 2
+    assert "measured on" in capsys.readouterr().err
     assert task_options_seen == [None] * 6  # the profile's own task: nothing overridden
 
     # The on-policy loop with the trainer on both cores, run only when named: paired with the recipe like sync-tb,
