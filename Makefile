@@ -21,7 +21,7 @@ test-fast: install
 demo: install
 	$(TBA) up
 
-# make demo-real: SmolLM2-135M-Instruct learns reasoning-gym's chain_sum for 20 minutes (tba/local/profiles/real-model.toml)
+# make demo-real: SmolLM2-135M-Instruct learns reasoning-gym's aiw for 20 minutes (tba/local/profiles/real-model.toml)
 .PHONY: demo-real
 demo-real: install
 	$(TBA) up --profile real-model

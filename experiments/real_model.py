@@ -2,7 +2,7 @@
 and against TRL's GRPO, on the same work.
 
 The recipe is ``tba up --profile real-model`` (tba/local/profiles/real-model.toml: SmolLM2-135M-Instruct on
-reasoning-gym's chain_sum, asked in chat form and read by the lenient answer reader). Three arms, each run once
+reasoning-gym's aiw, asked in chat form and read by the lenient answer reader). Three arms, each run once
 per seed, interleaved seed by seed on the same 2 cores:
 
 - ``async-tb``: the recipe as it is: the searcher on CPU 0 runs free, the trainer on CPU 1 draws from the

@@ -1,7 +1,7 @@
 """The real-model recipe end to end: ``tba up --profile real-model`` for a few steps on SmolLM2-135M-Instruct.
 
 The packaged profile as a user runs it (``make demo-real``), only shorter: real redis-server, buffer, trainer and
-searcher with the vLLM CPU engine, reasoning-gym's chain_sum in chat form read by the lenient reader. Rewards
+searcher with the vLLM CPU engine, reasoning-gym's aiw in chat form read by the lenient reader. Rewards
 flow from the task's scorer to the trainer, the trainer steps with the recipe's settings, the searcher reloads
 what it publishes, and the run's held-out evaluation asks and reads as the searchers do.
 """
@@ -53,7 +53,7 @@ def test_the_recipe_is_what_ran(run: dict) -> None:
     assert applied["run"]["--task"][0] == "reasoning-gym" and applied["run"]["--backfill"][0] == "0"
     assert applied["trainer"]["TBA_DTYPE"] == ["bfloat16", "profile real-model.toml over default.toml"]
     searcher = run["record"]["services"]["searcher-0"]["settings"]
-    assert searcher["task_options"]["dataset"] == "chain_sum" and searcher["task_options"]["reader"] == "lenient"
+    assert searcher["task_options"]["dataset"] == "aiw" and searcher["task_options"]["reader"] == "lenient"
     assert run["summary"]["searchers"] == 1  # no backfill searcher
 
 

@@ -19,7 +19,7 @@ def test_each_form_is_measured_and_recorded(tiny_model: Path, tmp_path: Path) ->
     argv = ["--model", str(tiny_model), "--forms", forms, "--samples", "2", "--prompts", "4", "--threads", "1"]
     assert main([*argv, "--results", str(results)]) == 0
     (path,) = (results / "data" / "real-model").glob("prompt-forms-*.json")
-    assert path.name.startswith("prompt-forms-chain-sum-")  # the profile's own task options: no digest
+    assert path.name.startswith("prompt-forms-aiw-")  # the profile's own task options: no digest
     record = json.loads(path.read_text())
     assert record["experiment"] == "prompt-forms" and record["prompts"] == 4 and record["samples"] == 2
     assert [f["form"] for f in record["forms"]] == ["plain-first-line", "plain-lenient"]

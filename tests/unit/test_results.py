@@ -349,3 +349,29 @@ def test_the_balance_target_counts_distinct_samples_trained_where_the_record_hol
     (row,) = _balance_rows([run], planned=1)  # draws 1.67x the distinct stored
     assert row[3] == "not met" and "trained 1.67× the distinct stored" in row[1]
     assert _balance_rows([{**run, "samples_stored": None}], planned=1) == []
+
+
+def test_a_target_the_other_arm_never_reached_is_judged_by_a_bound() -> None:
+    """Where the recipe reached +30 points and TRL never did, their ratio is below the recipe's time over TRL's
+    last evaluation: that bound meets the target at or below 0.5 and decides nothing above it."""
+    from experiments.report.real_model import targets
+
+    def record(mine_s: float) -> dict:
+        def run(t, last):
+            return {"seed": 0, "time_to": {"+0.3": t}, "evaluations": [[0.0, 0.1], [last, 0.2]]}
+
+        return {
+            "seeds": 1,
+            "gains": [0.3],
+            "pairs": [],
+            "arms": {"async-tb": {"runs": [run(mine_s, 1100.0)]}, "trl-grpo": {"runs": [run(None, 1000.0)]}},
+        }
+
+    rows = {row[0]: row for row in targets(record(100.0))}
+    row = rows["time to +30 points, async / TRL ≤ 0.5"]
+    assert row[3] == "**met**" and "below 0.10 in 1 seed where TRL never reached it" in row[1]
+    row = {row[0]: row for row in targets(record(800.0))}["time to +30 points, async / TRL ≤ 0.5"]
+    assert row[3] == "not decided by the bound" and "below 0.80" in row[1]
+    assert {row[0]: row for row in targets(record(800.0))}[
+        "time to +30 points, async / on-policy ≤ 0.5, every seed < 1"
+    ][3] == "not measured"

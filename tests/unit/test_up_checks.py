@@ -236,7 +236,7 @@ def test_the_real_model_profile_is_the_recipe_the_trl_peer_runs(monkeypatch) -> 
     with profile_env(profile.settings("searcher", None)):
         searcher = load_settings(SearcherSettings, task=profile.run["task"])
     assert work["task"] == "reasoning-gym" and work["task_options"] == searcher.task_options
-    assert work["task_options"]["reader"] == "lenient" and work["task_options"]["dataset"] == "chain_sum"
+    assert work["task_options"]["reader"] == "lenient" and work["task_options"]["dataset"] == "aiw"
     assert (work["max_new_tokens"], work["temperature"], work["system_prompt"]) == (
         searcher.max_new_tokens,
         searcher.temperature,
