@@ -432,8 +432,9 @@ class BufferStore:
         pipe.smembers(self.keys.global_key("searchers"))
         pipe.zcard(self.keys.global_key("groups"))
         pipe.hgetall(self.keys.global_key("searcher_samples"))
-        pipe.pfcount(self.served_distinct_key)
-        raw, prompts, version_counts, searchers, remembered, stored_by, served_distinct = await pipe.execute()
+        raw, prompts, version_counts, searchers, remembered, stored_by = await pipe.execute()
+        # Outside the pipeline: redis-py refuses PFCOUNT in a cluster pipeline.
+        served_distinct = await self.redis.pfcount(self.served_distinct_key)
         counters = {k.decode(): v for k, v in raw.items()}
         samples = int(counters.get("samples", 0))
         reward_sum = float(counters.get("reward_sum", 0.0))

@@ -81,6 +81,8 @@ async def test_ingest_http_capacities_and_sampling_on_a_cluster(cluster) -> None
         )
         assert len(batch.groups) == 8 and all(len(g.samples) == 3 for g in batch.groups)
         assert len({g.prompt_id for g in batch.groups}) == 8
+        distinct = {(g.prompt_id, tuple(s.completion_ids)) for g in batch.groups for s in g.samples}
+        assert (await store.stats())["samples_served_distinct"] == len(distinct)  # each counted once
     finally:
         await client.aclose()
 
