@@ -250,12 +250,14 @@ def recipe(profile_name: str) -> dict[str, Any]:
     completion length, the system prompt and the sampling temperature the searchers use, the held-out prompts."""
     from tba.local.checks import profile_env
     from tba.local.profile import Profile
-    from tba.settings import SearcherSettings, load_settings
+    from tba.settings import ModelSettings, SearcherSettings, load_settings
 
     profile = Profile.load(profile_name)
     task = os.environ.get("TBA_TASK") or profile.run.get("task", "arithmetic")
     with profile_env(profile.settings("searcher", None)):
         s = load_settings(SearcherSettings, task=task)
+    with profile_env(profile.settings("trainer", None)):
+        dtype = load_settings(ModelSettings, task=task).dtype  # the trainer's TBA_DTYPE, as tba up resolves it
     return {
         "model": profile.run.get("base-model"),
         "task": task,
@@ -265,7 +267,7 @@ def recipe(profile_name: str) -> dict[str, Any]:
         "system_prompt": s.system_prompt,
         "chat_template": s.chat_template,
         "temperature": s.temperature,
-        "dtype": os.environ.get("TBA_DTYPE") or profile.settings("trainer", None).get("TBA_DTYPE", "float32"),
+        "dtype": dtype,
     }
 
 

@@ -283,10 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if previous and previous.get("machine") != provenance()["machine"]:
+    machine = provenance()["machine"]
+    if previous and previous.get("machine") != machine:
         print(
             f"--resume: {args.resume} was measured on {previous.get('machine')}, and this machine is "
-            f"{provenance()['machine']}: runs on another CPU do not compare within one record; start a new one",
+            f"{machine}: runs on another CPU do not compare within one record; start a new one",
             file=sys.stderr,
         )
         return 2

@@ -59,24 +59,20 @@ def _enum_options(config_class: type, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with each value given for an enum-valued option of the generator (its default an enum, or a
     list of them) turned into that enum, so that JSON can name it; a value the enum lacks is an error naming
     the values it has."""
-    defaults = {}
-    for f in dataclasses.fields(config_class):
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
     out = dict(config)
-    for name, value in config.items():
-        default = defaults.get(name)
+    for f in dataclasses.fields(config_class):
+        if f.name not in config:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         sample = default[0] if isinstance(default, list) and default else default
         if not isinstance(sample, enum.Enum):
             continue
-        kind = type(sample)
+        kind, value = type(sample), config[f.name]
         try:
-            out[name] = [kind(v) for v in value] if isinstance(value, list) else kind(value)
+            out[f.name] = [kind(v) for v in value] if isinstance(value, list) else kind(value)
         except ValueError:
             raise ValueError(
-                f"reasoning-gym option {name!r} takes {', '.join(repr(m.value) for m in kind)}, got {value!r}"
+                f"reasoning-gym option {f.name!r} takes {', '.join(repr(m.value) for m in kind)}, got {value!r}"
             ) from None
     return out
 
@@ -100,7 +96,7 @@ class ReasoningGym(Task):
                 f"{', '.join(sorted(rg.factory.DATASETS)[:12])}, ..."
             )
         self.dataset = dataset
-        self.config = _enum_options(rg.factory.DATASETS[dataset][1], dict(config or {}))
+        self.config = _enum_options(rg.factory.DATASETS[dataset][1], config or {})
         self.held_out_fraction = check_fraction(held_out_fraction)
         self._generate(seed=0, size=1)  # a bad option fails here, when the task is made, naming the option
         # Drawn by the searcher's generating thread, read by its scoring thread.
