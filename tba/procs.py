@@ -1,4 +1,4 @@
-"""Process helpers the services need as well as the launcher: dying with the parent, CPU lists.
+"""Process helpers the services need as well as the launcher: dying with the parent, CPU lists, pinning.
 
 The guard that keeps every process of a local run from outliving it is tba/local/lifetime.py; these are
 the two pieces of it a service uses on its own (torchrun's ranks die with their launcher; a searcher
@@ -7,6 +7,7 @@ reads the cores it may use).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -49,3 +50,21 @@ def parse_cpu_list(text: str, what: str = "cpu list") -> list[int]:
             raise ValueError(f"{what}={text!r}: {part!r} is not a CPU id or range") from None
         cpus.update(range(first, last + 1))
     return sorted(cpus)
+
+
+def threads(pid: int) -> list[int]:
+    """The thread ids of ``pid`` (none once it has exited, or on a host without /proc)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return []
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Pin every thread ``pid`` has now to ``cpus``; threads it starts later inherit their starter's CPUs.
+
+    ``sched_setaffinity(0, ...)`` moves only the calling thread, so a process that already runs helper
+    threads (a logging queue, a library's pool) must move each of them too."""
+    for tid in threads(pid):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended since the listing
+            os.sched_setaffinity(tid, cpus)

@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 
-from tba.procs import parse_cpu_list
+from tba.procs import parse_cpu_list, pin_threads
 
 log = logging.getLogger(__name__)
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -72,13 +72,6 @@ def engine_core_pids(llm) -> list[int]:
     return [p.pid for p in getattr(manager, "processes", None) or [] if p.pid is not None]
 
 
-def _threads(pid: int) -> list[int]:
-    try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except FileNotFoundError:
-        return []
-
-
 def pin_engine_core(llm, cpus: Iterable[int]) -> None:
     """Pin every thread of the engine-core processes to ``cpus`` (threads started later inherit it).
 
@@ -89,8 +82,7 @@ def pin_engine_core(llm, cpus: Iterable[int]) -> None:
         return
     for pid in engine_core_pids(llm):
         try:
-            for tid in _threads(pid):
-                os.sched_setaffinity(tid, cpus)
+            pin_threads(pid, cpus)
         except OSError as err:
             log.warning("could not pin engine core %d to cpus %s: %s", pid, sorted(cpus), err)
 

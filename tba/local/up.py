@@ -38,6 +38,7 @@ from tba.local.checks import UsageError, check_args
 from tba.local.eval_pool import TakenCheckpoint, evaluate_on_cores, greedy_accuracy, link_checkpoint
 from tba.local.placement import config_layers, searcher_cpus, service_defaults
 from tba.local.profile import DEFAULT
+from tba.procs import pin_threads
 from tba.settings import redact_url
 from tba.tracking import Tracker
 
@@ -586,9 +587,9 @@ class LocalRun:
             return 1
         self.endpoints = {"redis": redact_url(self.redis_url), "buffer": buffer_url, **self.endpoints, **status_urls}
         if self.args.searcher_cpus:
-            # From here on this process (the console, the evaluations, the listeners: every thread started
-            # after this one) takes the searchers' cores and leaves the trainer's to the trainer.
-            os.sched_setaffinity(0, self.args.searcher_cpus)
+            # From here on this process (the console, the evaluations, the listeners, and the threads it
+            # already runs) takes the searchers' cores and leaves the trainer's to the trainer.
+            pin_threads(os.getpid(), set(self.args.searcher_cpus))
         self.tracker = Tracker(
             self.run_dir / "tensorboard",
             name="eval",

@@ -33,7 +33,7 @@ from services.searcher.worker_ext import (
     configure_process,
 )
 from tba.model.precision import computes_bf16
-from tba.procs import parse_cpu_list
+from tba.procs import parse_cpu_list, pin_threads, threads
 from tba.settings import SearcherSettings
 
 
@@ -129,6 +129,33 @@ def test_pinned_moves_the_calling_thread_and_puts_it_back() -> None:
     assert os.sched_getaffinity(0) == before
     with pinned([]):  # nothing spare (nobind): nothing changes
         assert os.sched_getaffinity(0) == before
+
+
+def test_pin_threads_moves_the_threads_a_process_already_runs() -> None:
+    """``sched_setaffinity(0, ...)`` moves only the caller: a helper started before must be moved too."""
+    before = os.sched_getaffinity(0)
+    cpu = sorted(before)[-1]
+    go, done = threading.Event(), threading.Event()
+    seen: dict[str, set[int]] = {}
+
+    def helper() -> None:
+        go.wait(10)
+        seen["cpus"] = os.sched_getaffinity(0)
+        done.set()
+
+    thread = threading.Thread(target=helper)
+    thread.start()
+    try:
+        pin_threads(os.getpid(), {cpu})
+        assert os.sched_getaffinity(0) == {cpu}
+    finally:
+        go.set()
+        done.wait(10)
+        thread.join()
+        pin_threads(os.getpid(), before)
+    assert seen["cpus"] == {cpu}
+    assert os.sched_getaffinity(0) == before
+    assert threads(2**22 + 1) == []  # no such process: nothing to pin
 
 
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
