@@ -15,6 +15,11 @@ per seed, interleaved seed by seed on the same 2 cores:
   (two torch threads, the reference pass its own as in ``sync-tb``; the searcher, on CPU 0, idles while it
   trains): where the trainer's step, not generation, sets the pace, the on-policy loop's other candidate for the
   fastest;
+- ``async-tb-paced`` (only when named in ``--only``): the recipe with its searcher paced to one batch of the
+  trainer's P prompts per version (``TBA_MAX_BATCHES_PER_VERSION=1``): it waits for each checkpoint as the
+  on-policy loop's searcher does, but generates the next batch while the trainer steps, and the trainer draws from
+  the buffer as in ``async-tb``: samples at most a version or two old, and a searcher that no longer out-generates
+  the trainer;
 - ``trl-grpo``: ``python -m experiments.peer`` with the same profile: TRL's ``GRPOTrainer`` on the same model,
   prompts, answer reader, completion length, held-out set and budget, generating with transformers, on both
   cores.
@@ -45,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,7 +71,17 @@ PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1", "backfill": 0}
 PEER = "trl-grpo"
 EXPERIMENT = "real-model"
 DEFAULT_ARMS = ("async-tb", PEER, "sync-tb")  # the arms run unless --only names others
-ON_POLICY = ("sync-tb", "sync-tb-2-cores")  # the exactly on-policy arms, each paired with async-tb
+ON_POLICY = ("sync-tb", "sync-tb-2-cores")  # the exactly on-policy arms
+# The arms whose times to each target are compared, seed against seed: each asynchronous arm against each on-policy
+# one, and the recipe against the peer.
+PAIRS = (*(("async-tb", b) for b in (*ON_POLICY, PEER)), *(("async-tb-paced", b) for b in ON_POLICY))
+# The batch rewards that split the trainer's steps into before, while and after the model learns the task.
+REWARD_BANDS = (
+    ("below 0.25", float("-inf"), 0.25),
+    ("0.25 to 0.75", 0.25, 0.75),
+    ("0.75 and above", 0.75, float("inf")),
+)
+WARM_STEPS = 2  # the trainer's first steps, which pay the kernels' warm-up
 
 
 def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
@@ -77,6 +93,15 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
         "async-tb": Arm("async-tb", mode="async", env=task_env, **common, **PLACEMENT),
         PEER: None,
         "sync-tb": Arm("sync-tb", mode="sync", env={**SYNC_ENV, **task_env}, **common, **PLACEMENT),
+        "async-tb-paced": Arm(
+            "async-tb-paced",
+            mode="async",
+            # One batch of the trainer's P prompts per version: the searcher waits for each checkpoint, as the
+            # on-policy loop's does, but generates the next batch while the trainer steps.
+            env={**SYNC_ENV, **task_env},
+            **common,
+            **PLACEMENT,
+        ),
         "sync-tb-2-cores": Arm(
             "sync-tb-2-cores",
             mode="sync",
@@ -130,6 +155,26 @@ def below_start(evaluations: list[dict], origin: float) -> int:
     return sum(1 for e in evaluations[1:] if e["t"] >= origin and e["accuracy"] < start - 1e-9)
 
 
+def compute_rates(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """The trainer's compute rate (tokens per second of reference, forward and backward) by the batch's reward.
+
+    A batch of converged answers shares most of its prefixes, which the learner computes once, so a token costs
+    less once the model has learned; arms compared within one band of reward leave learning's progress out of the
+    comparison of their speed (the asynchronous trainer computes beside a generating searcher, the on-policy one
+    beside an idle one). The first :data:`WARM_STEPS` steps (kernel warm-up) are left out."""
+    bands: dict[str, list[float]] = {label: [] for label, _, _ in REWARD_BANDS}
+    for r in rows[WARM_STEPS:]:
+        seconds = r.get("ref_s", 0.0) + r.get("forward_s", 0.0) + r.get("backward_s", 0.0)
+        if "reward_mean" in r and "tokens" in r and seconds > 0:
+            label = next(label for label, lo, hi in REWARD_BANDS if lo <= r["reward_mean"] < hi)
+            bands[label].append(r["tokens"] / seconds)
+    return {
+        label: {"steps": len(rates), "tokens_per_s": round(statistics.median(rates), 1)}
+        for label, rates in bands.items()
+        if rates
+    }
+
+
 def tba_figures(summary: dict, run_dir: Path) -> dict:
     """A ``tba up`` run's figures: the curve and times from the trainer's first step, steps, samples, time split."""
     rows = trainer_rows(run_dir)
@@ -152,6 +197,7 @@ def tba_figures(summary: dict, run_dir: Path) -> dict:
         "samples_too_stale": sum(a.get("samples_too_stale") or 0 for a in accounts.values()),
         "update_to_data": update_to_data(summary),
         "step": cycle_parts(rows),
+        "compute_rate": compute_rates(rows),
         "time_split": time_split_of(run_dir),
         "cpu_busy": summary.get("cpu_busy"),
         "evaluations": [[round(t - origin, 1), a] for t, a in curve(summary)],
@@ -232,7 +278,7 @@ def build_record(
         "evaluation": {"every_s": EVAL_EVERY, "after_run": True, "prompts": settings.get("eval_prompts")},
         "settings": settings,
         "arms": {name: {"summary": arm_summary(r), "runs": r} for name, r in runs.items() if r},
-        "pairs": [pair(runs, "async-tb", b) for b in (*ON_POLICY, PEER) if runs.get("async-tb") and runs.get(b)],
+        "pairs": [pair(runs, a, b) for a, b in PAIRS if runs.get(a) and runs.get(b)],
     }
     rec["date"] = provenance()["date"]
     return rec

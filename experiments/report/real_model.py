@@ -16,10 +16,12 @@ PAGE = "real-model.md"
 MODEL = "SmolLM2-135M-Instruct (pretrained)"
 ARMS = {
     "async-tb": "TBA, asynchronous (the recipe)",
+    "async-tb-paced": "TBA, asynchronous, the searcher paced to a batch per version",
     "sync-tb": "TBA, exactly on-policy (sync)",
     "sync-tb-2-cores": "TBA, exactly on-policy, the trainer on both cores",
     "trl-grpo": "TRL GRPOTrainer",
 }
+ASYNC = ("async-tb", "async-tb-paced")
 # The exactly on-policy arms as the targets name them; sync-tb is always judged, the others where a record holds them.
 ON_POLICY = {"sync-tb": "on-policy", "sync-tb-2-cores": "on-policy (the trainer on both cores)"}
 
@@ -174,11 +176,13 @@ def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
     )
     lines += ["", "### Against the claim's targets", ""]
     lines += md.table(["target", "measured", "seeds", "verdict"], targets(record))
-    lines += ["", "### Where the time goes (asynchronous arm)", ""]
+    lines += ["", "### Where the time goes (asynchronous arms)", ""]
     lines += _time_table(record)
-    extra = ""
-    if "sync-tb-2-cores" in record["arms"]:
-        extra = "; the trainer on both cores: the same with `--only sync-tb-2-cores --resume` on the record"
+    rates = _rate_table(record)
+    if rates:
+        lines += ["", "### The trainer's compute by the batch's reward", "", *rates]
+    named = [arm for arm in ("async-tb-paced", "sync-tb-2-cores") if arm in record["arms"]]
+    extra = f"; {', '.join(named)}: the same with `--only {','.join(named)} --resume` on the record" if named else ""
     return [*lines, "", f"Reproduce: `{record['command']}`{extra}, then `python -m experiments.report`.", ""]
 
 
@@ -347,17 +351,45 @@ def _samples(run: Record) -> str:
 
 
 def _time_table(record: Record) -> list[str]:
-    """Per seed of the asynchronous arm: the trainer's and the searcher's time by part, as shares of the wall."""
+    """Per seed of each asynchronous arm: the trainer's and the searcher's time by part, as shares of the wall."""
     rows = []
-    for r in (record["arms"].get("async-tb") or {}).get("runs", []):
-        for service, split in (r.get("time_split") or {}).items():
-            wall = split.get("wall_s") or 0.0
-            parts = time_shares(split)
-            busy = split.get("busy_fraction")
-            rows.append([r["seed"], service, f"{wall:.0f} s", parts, md.pct(busy, 0) if busy is not None else "-"])
+    for arm in ASYNC:
+        for r in (record["arms"].get(arm) or {}).get("runs", []):
+            for service, split in (r.get("time_split") or {}).items():
+                wall = split.get("wall_s") or 0.0
+                busy = split.get("busy_fraction")
+                busy_text = md.pct(busy, 0) if busy is not None else "-"
+                rows.append([ARMS[arm], r["seed"], service, f"{wall:.0f} s", time_shares(split), busy_text])
     if not rows:
         return ["No time split recorded."]
-    return md.table(["seed", "service", "wall", "shares of the wall", "trainer busy"], rows)
+    return md.table(["arm", "seed", "service", "wall", "shares of the wall", "trainer busy"], rows)
+
+
+def _rate_table(record: Record) -> list[str]:
+    """Per run of each ``tba up`` arm: the trainer's compute rate in each band of the batch's reward."""
+    runs = [(arm, r) for arm in ARMS for r in (record["arms"].get(arm) or {}).get("runs", []) if r.get("compute_rate")]
+    if not runs:
+        return []
+    bands = list(dict.fromkeys(band for _, r in runs for band in r["compute_rate"]))
+    rows = [
+        [
+            ARMS[arm],
+            r["seed"],
+            *(
+                f"{rate['tokens_per_s']:,.0f} ({rate['steps']})" if (rate := r["compute_rate"].get(band)) else "-"
+                for band in bands
+            ),
+        ]
+        for arm, r in runs
+    ]
+    lines = [
+        "Tokens per second of the trainer's compute (reference, forward and backward) by the batch's mean reward, "
+        "the steps in brackets. Within one band the arms differ in what runs beside the trainer (a generating "
+        "searcher in the asynchronous arms, an idle one in the on-policy arms), not in how far the model has "
+        "learned: a batch of converged answers shares more prefixes and computes faster per token.",
+        "",
+    ]
+    return lines + md.table(["arm", "seed", *(f"reward {band}: tokens/s (steps)" for band in bands)], rows)
 
 
 def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | None:

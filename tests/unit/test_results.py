@@ -100,6 +100,7 @@ def fake_run(run_dir: Path, seed: int, mode: str, step_s: float, accuracies: lis
     steps = [
         {"ts": 100.0 + 10 + i * step_s, "step": i + 1, "samples": 64, "step_s": 0.06, "wait_s": 0.01, "lr": 2e-5}
         | {"staleness_hist": {"0" if mode == "sync" else "2": 64}}
+        | {"reward_mean": i / 40, "tokens": 60, "ref_s": 0.01, "forward_s": 0.02, "backward_s": 0.02}
         for i in range(40)
     ]
     (run_dir / "trainer_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
@@ -308,6 +309,33 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
         "not met"
     )
     assert real_model.main([*argv, "--only", "sync-tb-3-cores"]) == 2  # no such arm
+
+    # The recipe with its searcher paced to a batch per version, run only when named: asynchronous, paired with
+    # each on-policy arm; the trainer's compute rates by reward on the page.
+    curves["async-tb-paced"] = curves["async-tb"]
+    started.clear()
+    modes: dict[str, tuple[str, str | None]] = {}
+    real_run_arm = run_arm
+
+    def run_paced(arm, seed, minutes, out, eval_prompts):
+        modes[arm.name] = (arm.mode, arm.env.get("TBA_MAX_BATCHES_PER_VERSION"))
+        return real_run_arm(arm, seed, minutes, out, eval_prompts)
+
+    monkeypatch.setattr(real_model, "run_arm", run_paced)
+    assert real_model.main([*argv, "--only", "async-tb-paced", "--resume", str(path)]) == 0
+    assert started == ["async-tb-paced/0", "async-tb-paced/1"] and modes == {"async-tb-paced": ("async", "1")}
+    record = json.loads(path.read_text())
+    pairs = [tuple(p["arms"]) for p in record["pairs"]]
+    assert ("async-tb-paced", "sync-tb") in pairs and ("async-tb-paced", "sync-tb-2-cores") in pairs
+    assert ("async-tb-paced", "trl-grpo") not in pairs
+    rates = record["arms"]["async-tb-paced"]["runs"][0]["compute_rate"]
+    assert [band["steps"] for band in rates.values()] == [8, 20, 10]  # 40 steps less the 2 of warm-up
+    page = report.build(results / "data")[results / "real-model.md"]
+    assert (
+        "| TBA, asynchronous, the searcher paced to a batch per version / TBA, exactly on-policy (sync) | 2 |" in page
+    )
+    assert "| TBA, exactly on-policy (sync) | 0 | 1,200 (8) | 1,200 (20) | 1,200 (10) |" in page
+    assert "`--only async-tb-paced,sync-tb-2-cores --resume`" in page
 
     # Another task (--task-options): every arm runs on it, its record is kept apart, the page shows both tasks
     # with the recipe's first, and a record of one task does not resume on another.
