@@ -16,10 +16,10 @@ per seed, interleaved seed by seed on the same 2 cores:
   trains): where the trainer's step, not generation, sets the pace, the on-policy loop's other candidate for the
   fastest;
 - ``async-tb-paced`` (only when named in ``--only``): the recipe with its searcher paced to one batch of the
-  trainer's P prompts per version (``TBA_MAX_BATCHES_PER_VERSION=1``): it waits for each checkpoint as the
-  on-policy loop's searcher does, but generates the next batch while the trainer steps, and the trainer draws from
-  the buffer as in ``async-tb``: samples at most a version or two old, and a searcher that no longer out-generates
-  the trainer;
+  trainer's P prompts per version (``TBA_MAX_BATCHES_PER_VERSION=1``), the trainer drawing from the buffer as in
+  ``async-tb``: samples at most a version old, and a searcher that generates no more than the trainer trains on.
+  Under the reuse bound (a sample trained on once per sample generated) the trainer waits for each batch while the
+  searcher waits for each checkpoint, so the two take turns much as in the on-policy loop;
 - ``trl-grpo``: ``python -m experiments.peer`` with the same profile: TRL's ``GRPOTrainer`` on the same model,
   prompts, answer reader, completion length, held-out set and budget, generating with transformers, on both
   cores.
@@ -81,7 +81,7 @@ REWARD_BANDS = (
     ("0.25 to 0.75", 0.25, 0.75),
     ("0.75 and above", 0.75, float("inf")),
 )
-WARM_STEPS = 2  # the trainer's first steps, which pay the kernels' warm-up
+WARM_STEPS = 10  # the trainer's first steps run slower (on SmolLM2-135M about twice the later time, in every arm)
 
 
 def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
@@ -97,7 +97,7 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
             "async-tb-paced",
             mode="async",
             # One batch of the trainer's P prompts per version: the searcher waits for each checkpoint, as the
-            # on-policy loop's does, but generates the next batch while the trainer steps.
+            # on-policy loop's does, and the trainer draws from the buffer under the asynchronous bounds.
             env={**SYNC_ENV, **task_env},
             **common,
             **PLACEMENT,
@@ -161,7 +161,7 @@ def compute_rates(rows: list[dict]) -> dict[str, dict[str, float]]:
     A batch of converged answers shares most of its prefixes, which the learner computes once, so a token costs
     less once the model has learned; arms compared within one band of reward leave learning's progress out of the
     comparison of their speed (the asynchronous trainer computes beside a generating searcher, the on-policy one
-    beside an idle one). The first :data:`WARM_STEPS` steps (kernel warm-up) are left out."""
+    beside an idle one). The first :data:`WARM_STEPS` steps (the trainer's warm-up) are left out."""
     bands: dict[str, list[float]] = {label: [] for label, _, _ in REWARD_BANDS}
     for r in rows[WARM_STEPS:]:
         seconds = r.get("ref_s", 0.0) + r.get("forward_s", 0.0) + r.get("backward_s", 0.0)

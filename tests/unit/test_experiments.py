@@ -74,13 +74,13 @@ def test_successes_are_counted_per_run_window_from_the_searchers_records(tmp_pat
 
 
 def test_the_trainer_s_compute_rate_is_read_by_the_batch_s_reward_without_its_warm_up() -> None:
-    from experiments.real_model import compute_rates
+    from experiments.real_model import WARM_STEPS, compute_rates
 
     def row(reward: float, tokens: int, seconds: float) -> dict:
         parts = {"ref_s": seconds / 4, "forward_s": seconds / 4, "backward_s": seconds / 2}
         return {"reward_mean": reward, "tokens": tokens, **parts}
 
-    warm = [row(0.0, 100, 10.0), row(0.0, 100, 10.0)]  # the first two steps: slow kernels, left out
+    warm = [row(0.0, 100, 10.0)] * WARM_STEPS  # the trainer's first, slower steps: left out
     rows = [*warm, row(0.1, 600, 1.0), row(0.2, 900, 1.0), row(0.5, 800, 1.0), row(0.75, 1000, 1.0)]
     rows += [{"reward_mean": 1.0, "tokens": 5}, {"tokens": 5, "forward_s": 1.0}]  # no compute time, no reward: skipped
     assert compute_rates(rows) == {
