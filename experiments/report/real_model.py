@@ -79,9 +79,10 @@ def page(records: list[tuple[str, Record]]) -> str:
             "Three arms on the same 2 cores, the same held-out prompts and the same budget: the recipe as it is "
             "(asynchronous), the same recipe exactly on-policy, and TRL's `GRPOTrainer` on the same model, "
             "prompts, answer reader and completion length (`python -m experiments.peer`, its configuration in "
-            "experiments/peer.py); where a record holds it, the on-policy loop with the trainer on both cores (the "
-            "searcher idles while it trains). One section per task: the recipe's own first, then those run with "
-            "`--task-options`.",
+            "experiments/peer.py). Where a record holds them: the on-policy loop with the trainer on both cores (the "
+            "searcher idles while it trains), and the recipe with its searcher paced to one batch per version "
+            "(`TBA_MAX_BATCHES_PER_VERSION=1`: it generates no more than the trainer trains on). One section per "
+            "task: the recipe's own first, then those run with `--task-options`.",
             "",
             "Held-out greedy accuracy; the TBA arms' checkpoints are evaluated after the run, the peer's clock stops "
             "while it evaluates. Times count from the first optimizer step; the targets are points over the raw "
