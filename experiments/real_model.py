@@ -20,6 +20,10 @@ per seed, interleaved seed by seed on the same 2 cores:
   ``async-tb``: samples at most a version old, and a searcher that generates no more than the trainer trains on.
   Under the reuse bound (a sample trained on once per sample generated) the trainer waits for each batch while the
   searcher waits for each checkpoint, so the two take turns much as in the on-policy loop;
+- ``async-tb-ahead`` (only when named in ``--only``): the recipe with its searcher at most one training batch
+  ahead of the trainer's draws (``TBA_MAX_SAMPLES_AHEAD`` = P x K): the next batch ready when the trainer asks,
+  little generated that it never trains on, and the searcher reloading while it waits, so its samples are about a
+  version old;
 - ``trl-grpo``: ``python -m experiments.peer`` with the same profile: TRL's ``GRPOTrainer`` on the same model,
   prompts, answer reader, completion length, held-out set and budget, generating with transformers, on both
   cores.
@@ -74,7 +78,11 @@ DEFAULT_ARMS = ("async-tb", PEER, "sync-tb")  # the arms run unless --only names
 ON_POLICY = ("sync-tb", "sync-tb-2-cores")  # the exactly on-policy arms
 # The arms whose times to each target are compared, seed against seed: each asynchronous arm against each on-policy
 # one, and the recipe against the peer.
-PAIRS = (*(("async-tb", b) for b in (*ON_POLICY, PEER)), *(("async-tb-paced", b) for b in ON_POLICY))
+PAIRS = (
+    *(("async-tb", b) for b in (*ON_POLICY, PEER)),
+    *((a, b) for a in ("async-tb-paced", "async-tb-ahead") for b in (*ON_POLICY, "async-tb")),
+)
+BATCH_SAMPLES = 64  # the recipe's training batch, P x K: 8 prompts x 8 samples
 # The batch rewards that split the trainer's steps into before, while and after the model learns the task.
 REWARD_BANDS = (
     ("below 0.25", float("-inf"), 0.25),
@@ -99,6 +107,13 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
             # One batch of the trainer's P prompts per version: the searcher waits for each checkpoint, as the
             # on-policy loop's does, and the trainer draws from the buffer under the asynchronous bounds.
             env={**SYNC_ENV, **task_env},
+            **common,
+            **PLACEMENT,
+        ),
+        "async-tb-ahead": Arm(
+            "async-tb-ahead",
+            mode="async",
+            env={"TBA_MAX_SAMPLES_AHEAD": str(BATCH_SAMPLES), **task_env},
             **common,
             **PLACEMENT,
         ),

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 
 # Field of a trajectory-stream entry that holds the msgpack-encoded ScoredGroup.
 STREAM_FIELD = "g"
+# Fields of the buffer's counters (``Keys.stats``) that the searchers read too, to tell how far generation runs
+# ahead of training: every generated sample taken in (duplicates included) and every sample served (repeats
+# included).
+SAMPLES_TAKEN_IN = "samples_ingested"
+SAMPLES_SERVED = "samples_served"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,11 @@ class Keys:
     # --- buffer storage: global indexes share one slot ---
     def global_key(self, name: str) -> str:
         return f"{self.ns}:{{g}}:{name}"
+
+    @property
+    def stats(self) -> str:
+        """Hash of the buffer's counters, in samples and groups."""
+        return self.global_key("stats")
 
     @property
     def objective(self) -> str:

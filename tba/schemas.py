@@ -92,6 +92,7 @@ class SearcherState(StrEnum):
     RELOADING = "reloading"
     PAUSED_SPILL_FULL = "paused: spill queue full"
     PAUSED_FOR_POLICY = "paused: waiting for a newer policy"
+    PAUSED_FOR_TRAINER = "paused: a batch waits for the trainer"
     STOPPING = "stopping"
     STOPPED = "stopped"
 
@@ -102,7 +103,11 @@ class SearcherState(StrEnum):
 
     @property
     def paused(self) -> bool:
-        return self in (SearcherState.PAUSED_SPILL_FULL, SearcherState.PAUSED_FOR_POLICY)
+        return self in (
+            SearcherState.PAUSED_SPILL_FULL,
+            SearcherState.PAUSED_FOR_POLICY,
+            SearcherState.PAUSED_FOR_TRAINER,
+        )
 
 
 class _Strict(BaseModel):

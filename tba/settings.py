@@ -512,6 +512,15 @@ class SearcherSettings(ModelSettings):
         "checkpoint arrives (unset: never, the paper's free-running searchers; set it where searchers and the "
         "trainer share cores).",
     )
+    max_samples_ahead: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="Pause generation while the samples generated and not yet trained on (taken in by the buffer "
+        "minus served, over every searcher, plus this searcher's own not yet published) number at least this "
+        "many (unset: never). One training batch keeps the trainer fed without generating what it never trains "
+        "on.",
+    )
     pace_max_wait_seconds: float = Field(
         30.0, gt=0.0, description="Longest pause of a paced searcher before it generates one more batch anyway."
     )

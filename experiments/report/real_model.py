@@ -17,11 +17,12 @@ MODEL = "SmolLM2-135M-Instruct (pretrained)"
 ARMS = {
     "async-tb": "TBA, asynchronous (the recipe)",
     "async-tb-paced": "TBA, asynchronous, the searcher paced to a batch per version",
+    "async-tb-ahead": "TBA, asynchronous, the searcher a batch ahead of the trainer",
     "sync-tb": "TBA, exactly on-policy (sync)",
     "sync-tb-2-cores": "TBA, exactly on-policy, the trainer on both cores",
     "trl-grpo": "TRL GRPOTrainer",
 }
-ASYNC = ("async-tb", "async-tb-paced")
+ASYNC = ("async-tb", "async-tb-paced", "async-tb-ahead")
 # The exactly on-policy arms as the targets name them; sync-tb is always judged, the others where a record holds them.
 ON_POLICY = {"sync-tb": "on-policy", "sync-tb-2-cores": "on-policy (the trainer on both cores)"}
 
@@ -182,7 +183,7 @@ def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
     rates = _rate_table(record)
     if rates:
         lines += ["", "### The trainer's compute by the batch's reward", "", *rates]
-    named = [arm for arm in ("async-tb-paced", "sync-tb-2-cores") if arm in record["arms"]]
+    named = [arm for arm in ("async-tb-paced", "async-tb-ahead", "sync-tb-2-cores") if arm in record["arms"]]
     extra = f"; {', '.join(named)}: the same with `--only {','.join(named)} --resume` on the record" if named else ""
     return [*lines, "", f"Reproduce: `{record['command']}`{extra}, then `python -m experiments.report`.", ""]
 

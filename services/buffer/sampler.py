@@ -44,6 +44,7 @@ from typing import Any
 
 from services.buffer.records import PromptView, prompt_view, served_batch, served_group
 from services.buffer.store import GENERATED_COUNTER, BufferStore
+from tba.keys import SAMPLES_SERVED
 from tba.schemas import SampleRequest
 
 RECENCY, REWARD, ON_POLICY = "recency", "reward", "on_policy"
@@ -248,7 +249,7 @@ class Sampler:
         for prompt_id, sample_ids in wanted:
             pipe.hmget(store.keys.prompt_key(prompt_id, "records"), sample_ids)
         pipe.pfadd(store.served_distinct_key, *(f"{p}/{s.decode()}" for p, ids in wanted for s in ids))
-        pipe.hincrby(store.stats_key, "samples_served", served)
+        pipe.hincrby(store.stats_key, SAMPLES_SERVED, served)
         pipe.hincrby(store.stats_key, "sample_requests", 1)
         pipe.hget(store.stats_key, GENERATED_COUNTER)
         *records, _distinct, _served, _requests, generated = await pipe.execute()

@@ -36,7 +36,7 @@ from redis.asyncio.cluster import RedisCluster
 from services.buffer.records import encode_record, sample_id
 from services.buffer.redis_scripts import GLOBAL_ITEM_FIELDS, Scripts
 from tba.codec import pack
-from tba.keys import Keys
+from tba.keys import SAMPLES_TAKEN_IN, Keys
 from tba.redis_client import AsyncRedis
 from tba.schemas import ScoredGroup
 from tba.settings import BufferSettings
@@ -54,7 +54,7 @@ STAT_COUNTERS = (
     "sample_requests",
 )
 # Every generated sample taken in, duplicates included: what the trainer's reuse bound counts against.
-GENERATED_COUNTER = "samples_ingested"
+GENERATED_COUNTER = SAMPLES_TAKEN_IN
 # A HyperLogLog of every stored sample served at least once (prompt and sample id): the distinct samples trained
 # on, to set against the distinct samples stored, in 12 KB whatever the run's length (standard error 0.81%).
 SERVED_DISTINCT = "served_distinct"
@@ -165,7 +165,7 @@ class BufferStore:
         self.keys = Keys(settings.namespace)
         self.scripts = Scripts(redis)
         self.global_prefix = self.keys.global_key("")
-        self.stats_key = self.keys.global_key("stats")
+        self.stats_key = self.keys.stats
         self.served_distinct_key = self.keys.global_key(SERVED_DISTINCT)
         self.intents_key = self.keys.global_key("intents")
         self.arrivals = Arrivals()

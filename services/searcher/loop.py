@@ -24,20 +24,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import redis
 from prometheus_client import CollectorRegistry
 
 from services.searcher.cpus import lower_thread_priority, pinned, spare_cpus
 from services.searcher.engine import Completion, Engine, EngineStopped, ReloadError, finish_reason
 from services.searcher.lag import LagTally, VersionLag
 from services.searcher.metrics import RateWindow, StatusCollector, reload_histogram
-from services.searcher.pacing import Pacer
+from services.searcher.pacing import POLICY, Pacer
 from services.searcher.publisher import Publisher
 from services.searcher.scorer import GeneratedBatch, Scorer
 from services.searcher.spill import SpillQueue
 from services.searcher.startup import completion_budget
 from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
-from tba.keys import Keys
+from tba.keys import SAMPLES_SERVED, SAMPLES_TAKEN_IN, Keys
 from tba.model.episodes import Turn, run_episodes
 from tba.redis_client import sync_client
 from tba.schemas import SearcherState
@@ -162,7 +163,15 @@ class Searcher:
         self.generate_seconds = self.score_seconds = self.reload_seconds_total = 0.0
         self._started = time.monotonic()
         self.stop = StopControl()
-        self.pacer = Pacer(settings.max_batches_per_version, settings.pace_max_wait_seconds)
+        # Samples handed to the scoring thread, and those of them it has published: the difference is what the
+        # buffer has not seen yet, for the ahead rule.
+        self._samples_handed = self._samples_done = 0
+        self.pacer = Pacer(
+            settings.max_batches_per_version,
+            settings.pace_max_wait_seconds,
+            max_samples_ahead=settings.max_samples_ahead,
+            samples_ahead=self.samples_ahead,
+        )
         self._queue: queue.Queue[GeneratedBatch | None] = queue.Queue(maxsize=1)
         self._worker_error: BaseException | None = None
         self._worker: threading.Thread | None = None
@@ -196,8 +205,11 @@ class Searcher:
                     self.state = SearcherState.PAUSED_SPILL_FULL
                     self.stop.event.wait(0.5)
                     continue
-                if self.pacer.should_wait(self.engine.version):
-                    self.state = SearcherState.PAUSED_FOR_POLICY
+                pause = self.pacer.should_wait(self.engine.version)
+                if pause:
+                    self.state = (
+                        SearcherState.PAUSED_FOR_POLICY if pause == POLICY else SearcherState.PAUSED_FOR_TRAINER
+                    )
                     t0 = time.monotonic()
                     self.watcher.wait_ready(PACE_POLL_SECONDS)  # wakes the moment one is verified
                     self.pacer.waited(time.monotonic() - t0)
@@ -207,6 +219,7 @@ class Searcher:
                 if batch is None:
                     break
                 self._hand_over(batch)
+                self._samples_handed += batch.samples
                 self.pacer.generated(batch.version)
                 self.batches += 1
         finally:
@@ -222,6 +235,18 @@ class Searcher:
             self.state = SearcherState.STOPPED
         self._raise_worker_error()
         return 0
+
+    def samples_ahead(self) -> int | None:
+        """Samples generated and not yet trained on: those the buffer took in and has not served, over every
+        searcher, and this searcher's own still being scored or published. None while Redis cannot be read.
+
+        Both counters count repeats (duplicates taken in, samples served again), so their difference is
+        generation's lead over training in samples, whatever the buffer's sampling rule replays."""
+        try:
+            taken, served = self.publisher.client.hmget(self.publisher.keys.stats, [SAMPLES_TAKEN_IN, SAMPLES_SERVED])
+        except redis.RedisError:
+            return None
+        return int(taken or 0) - int(served or 0) + self._samples_handed - self._samples_done
 
     def maybe_reload(self) -> bool:
         """Load the newest verified checkpoint, if there is one newer than the engine's weights.
@@ -385,6 +410,7 @@ class Searcher:
                 started = time.monotonic()
                 groups = self.scorer.score(batch)
                 self.publisher.publish(groups)
+                self._samples_done += batch.samples
                 self.score_seconds += time.monotonic() - started
                 samples = sum(len(g.samples) for g in groups)
                 self.lag_tally.add(samples, self.watcher.newest_seen - batch.version)
@@ -496,6 +522,8 @@ class Searcher:
             "ref_pairs_scored": self.scorer.ref_pairs_scored,
             "skipped_prompts": self.skipped_prompts,
             "paced_seconds": round(self.pacer.waited_seconds, 3),
+            "samples_ahead": self.pacer.ahead,
+            "max_samples_ahead": self.settings.max_samples_ahead,
             "redis_up": int(pub.redis_ok),
             "redis_error": pub.last_error,
             "ready": int(self.ready()[0]),

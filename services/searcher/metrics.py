@@ -59,6 +59,8 @@ EXPORTED: dict[str, tuple[str, str]] = {
     "episodes": ("counter", "Multi-turn episodes run."),
     "episode_turns": ("counter", "Model turns taken in multi-turn episodes."),
     "env_tokens": ("counter", "Tokens the environment wrote into multi-turn trajectories (context, not trained on)."),
+    "paced_seconds": ("counter", "Seconds paused by TBA_MAX_BATCHES_PER_VERSION or TBA_MAX_SAMPLES_AHEAD."),
+    "samples_ahead": ("gauge", "Samples generated and not yet trained on, at the ahead rule's last look."),
     "redis_up": ("gauge", "1 if the last Redis write succeeded."),
     "ready": ("gauge", "1 once the engine is loaded and generating."),
 }

@@ -2,12 +2,20 @@
 
 TBA's searchers run free in the paper: on a GPU cluster each has its own device, so
 generating ahead of the trainer costs nothing but staleness, which the off-policy loss
-accepts. Where searchers and the trainer share CPU cores (the local demo), every batch
-generated far ahead takes cycles from the trainer and mostly lands in the buffer as
-duplicates. ``TBA_MAX_BATCHES_PER_VERSION`` caps the batches a searcher generates with one
-policy version: past it, the searcher waits for a newer checkpoint, at most
-``TBA_PACE_MAX_WAIT_SECONDS`` (then it generates one more batch, so a stalled trainer
-never stalls the searchers for good).
+accepts. Where searchers and the trainer share CPU cores, or where one trainer cannot
+consume what the searchers generate, every batch generated far ahead takes cycles from the
+trainer or lands in the buffer untrained. Two rules hold a searcher back, each optional:
+
+- ``TBA_MAX_BATCHES_PER_VERSION`` caps the batches it generates with one policy version:
+  past it, it waits for a newer checkpoint (the services take turns).
+- ``TBA_MAX_SAMPLES_AHEAD`` caps the samples generated and not yet trained on, over every
+  searcher (the buffer's count of samples taken in minus those served, plus this searcher's
+  own not yet published): past it, it waits for the trainer to draw. Set to one training
+  batch, the next batch is ready when the trainer asks for it and little more is generated.
+
+Either pause lasts at most ``TBA_PACE_MAX_WAIT_SECONDS``; then the searcher generates one
+more batch, so a stalled trainer, or a trainer waiting for more than the cap, never stalls
+the searchers for good.
 """
 
 from __future__ import annotations
@@ -15,18 +23,30 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+POLICY = "policy"  # paused for a newer policy version
+TRAINER = "trainer"  # paused for the trainer to draw what was generated
+
 
 class Pacer:
     def __init__(
-        self, max_batches_per_version: int | None, max_wait_seconds: float, clock: Callable[[], float] = time.monotonic
+        self,
+        max_batches_per_version: int | None,
+        max_wait_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        max_samples_ahead: int | None = None,
+        samples_ahead: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.limit = max_batches_per_version
+        self.max_ahead = max_samples_ahead
+        self.samples_ahead = samples_ahead  # None when it cannot be read (Redis away): then it does not hold back
         self.max_wait = max_wait_seconds
         self.clock = clock
         self.version: int | None = None
         self.batches = 0
         self.waiting_since: float | None = None
         self.waited_seconds = 0.0
+        self.ahead: int | None = None  # the samples ahead at the last look, for /status
 
     def generated(self, version: int) -> None:
         """One batch generated with ``version``."""
@@ -35,16 +55,26 @@ class Pacer:
         self.batches += 1
         self.waiting_since = None
 
-    def should_wait(self, version: int) -> bool:
-        """True while the current policy has had its share of batches and the wait is not over."""
-        if self.limit is None or version != self.version or self.batches < self.limit:
+    def should_wait(self, version: int) -> str | None:
+        """Why to pause before the next batch (:data:`POLICY` or :data:`TRAINER`), or None to generate it."""
+        reason = self._reason(version)
+        if reason is None:
             self.waiting_since = None
-            return False
+            return None
         now = self.clock()
         if self.waiting_since is None:
             self.waiting_since = now
-        return now - self.waiting_since < self.max_wait
+        return reason if now - self.waiting_since < self.max_wait else None
+
+    def _reason(self, version: int) -> str | None:
+        if self.limit is not None and version == self.version and self.batches >= self.limit:
+            return POLICY
+        if self.max_ahead is not None:
+            self.ahead = self.samples_ahead()
+            if self.ahead is not None and self.ahead >= self.max_ahead:
+                return TRAINER
+        return None
 
     def waited(self, seconds: float) -> None:
-        """The caller slept this long for a newer policy (exported as a counter)."""
+        """The caller slept this long (exported as a counter)."""
         self.waited_seconds += seconds

@@ -46,6 +46,10 @@ class GeneratedBatch:
     version: int
     ref_is_policy: bool = False  # generated with the reference (base) weights themselves
 
+    @property
+    def samples(self) -> int:
+        return sum(len(group) for group in self.completions)
+
 
 class Scorer:
     """Holds the reference model and the task; turns a :class:`GeneratedBatch` into ScoredGroups."""

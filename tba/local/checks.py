@@ -86,6 +86,13 @@ def check_args(args: argparse.Namespace) -> None:
     # searchers will read them, the profile's included.
     with profile_env(args.profile.settings("searcher", placement(args))):
         args.searcher_settings = load_settings(SearcherSettings, task=args.task)
+    ahead, trainer = args.searcher_settings.max_samples_ahead, args.trainer_settings
+    need = max(trainer.warmup_samples, trainer.prompts_per_step * trainer.train_samples_per_prompt)
+    if ahead is not None and ahead < need:
+        raise UsageError(
+            f"TBA_MAX_SAMPLES_AHEAD={ahead} is below the {need} samples the trainer waits for (its warm-up, or one "
+            "batch): the searchers would pause while the trainer waits for them"
+        )
     try:
         task = make_task(args.task, args.searcher_settings.task_options)
     except ValueError as err:

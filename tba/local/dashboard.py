@@ -156,6 +156,7 @@ SEARCHER_STYLES: dict[str, str] = {  # StrEnum members are their strings
     SearcherState.RELOADING: "yellow",
     SearcherState.PAUSED_SPILL_FULL: "yellow",
     SearcherState.PAUSED_FOR_POLICY: "yellow",
+    SearcherState.PAUSED_FOR_TRAINER: "yellow",
     SearcherState.STOPPING: "blue",
     SearcherState.STOPPED: "blue",
 }

@@ -706,3 +706,69 @@ def test_a_paced_searcher_waits_for_a_newer_policy(parts, redis_server, tmp_path
         thread.join(60)
         searcher.close()
     assert sorted({g.policy_version for g in read_stream(redis_server)}) == [start, start + 1]
+
+
+def test_a_searcher_paced_by_samples_ahead_waits_for_the_trainer_to_draw(
+    parts, redis_server, tmp_path, tiny_model
+) -> None:
+    """TBA_MAX_SAMPLES_AHEAD: the searcher generates until the buffer holds that many samples nobody has drawn,
+    pauses (still ready), and generates again once the buffer (its real ingest and sampler) serves a batch."""
+    import asyncio
+    import threading
+
+    from services.buffer.ingest import Ingestor
+    from services.buffer.sampler import Sampler
+    from services.buffer.store import BufferStore
+    from tba.redis_client import async_client
+    from tba.schemas import SampleRequest, SearcherState
+    from tba.settings import BufferSettings
+
+    engine, scorer = parts
+    settings = settings_for(
+        tiny_model, tmp_path, redis_server.url, max_batches=3, max_samples_ahead=24, pace_max_wait_seconds=120
+    )
+    batch = settings.prompts_per_batch * settings.completions_per_prompt  # 24 samples: one batch ahead at most
+    searcher = Searcher(settings, engine, scorer)
+    thread = threading.Thread(target=searcher.run)
+
+    async def buffer_side() -> None:
+        client = async_client(redis_server.url)
+        buffer = BufferSettings(redis_url=redis_server.url, namespace="t", consumer_name="c1", ingest_block_ms=10)
+        store = BufferStore(client, buffer)
+        ingest = Ingestor(client, store, buffer)
+        await ingest.ensure_group()
+
+        async def until(cond, timeout: float = 120.0) -> None:
+            deadline = time.monotonic() + timeout
+            while not cond():
+                assert time.monotonic() < deadline, searcher.status()
+                await ingest.step(block_ms=10)
+                await asyncio.sleep(0.02)
+
+        try:
+            await until(lambda: searcher.state == SearcherState.PAUSED_FOR_TRAINER)
+            generated = searcher.batches
+            await until(lambda: searcher.status()["paced_seconds"] > 1.0)
+            status = searcher.status()
+            assert searcher.batches == generated and status["samples_ahead"] >= batch, status
+            assert searcher.ready()[0], "a paced searcher is still ready"
+            request = SampleRequest(
+                num_prompts=settings.prompts_per_batch,
+                samples_per_prompt=settings.completions_per_prompt,
+                trainer_version=engine.version,
+                recency_prob=1.0,
+                seed=0,
+            )
+            for _ in range(generated):  # the trainer draws what was generated: the searcher goes on
+                await Sampler(store).sample(request)
+            await until(lambda: searcher.batches > generated)
+        finally:
+            await client.aclose()
+
+    thread.start()
+    try:
+        asyncio.run(buffer_side())
+    finally:
+        searcher.request_stop()
+        thread.join(60)
+        searcher.close()

@@ -1,6 +1,6 @@
 """Pacing rules of the searcher (pure logic; the loop's use of it is in the searcher process test)."""
 
-from services.searcher.pacing import Pacer
+from services.searcher.pacing import POLICY, TRAINER, Pacer
 
 
 class Clock:
@@ -23,7 +23,7 @@ def test_waits_after_the_limit_until_a_newer_version_arrives() -> None:
     pacer.generated(5)
     assert not pacer.should_wait(5)
     pacer.generated(5)
-    assert pacer.should_wait(5)
+    assert pacer.should_wait(5) == POLICY
     assert not pacer.should_wait(6)  # reloaded: a new share of batches
     pacer.generated(6)
     assert not pacer.should_wait(6)
@@ -41,3 +41,34 @@ def test_a_stalled_trainer_does_not_stall_generation_for_good() -> None:
     pacer.generated(0)
     clock.t = 31.0
     assert pacer.should_wait(0)
+
+
+def test_waits_while_enough_samples_wait_for_the_trainer() -> None:
+    """The ahead rule reads the backlog at every look: at or over the cap it pauses, under it it generates, and
+    an unreadable backlog (Redis away) never holds generation back."""
+    backlog: list[int | None] = [0]
+    pacer = Pacer(None, 30.0, clock=Clock(), max_samples_ahead=64, samples_ahead=lambda: backlog[0])
+    assert not pacer.should_wait(0)
+    backlog[0] = 64
+    assert pacer.should_wait(0) == TRAINER and pacer.ahead == 64
+    backlog[0] = 63  # the trainer drew: one sample short of a batch ahead
+    assert not pacer.should_wait(0)
+    backlog[0] = None
+    assert not pacer.should_wait(0) and pacer.ahead is None
+
+
+def test_the_ahead_pause_is_bounded_too() -> None:
+    clock = Clock()
+    pacer = Pacer(None, 10.0, clock=clock, max_samples_ahead=8, samples_ahead=lambda: 100)
+    assert pacer.should_wait(3) == TRAINER
+    clock.t = 10.0
+    assert not pacer.should_wait(3)
+    pacer.generated(3)
+    assert pacer.should_wait(3) == TRAINER
+
+
+def test_the_version_rule_comes_first() -> None:
+    pacer = Pacer(1, 30.0, clock=Clock(), max_samples_ahead=8, samples_ahead=lambda: 100)
+    pacer.generated(0)
+    assert pacer.should_wait(0) == POLICY
+    assert pacer.should_wait(1) == TRAINER

@@ -40,6 +40,8 @@ def parse(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str] 
         (["--searcher-cpus", "0-x"], {}, UsageError, "--searcher-cpus"),
         (["--base-model", "/no/such/model"], {}, UsageError, "--base-model"),
         ([], {"TBA_TEMPERATURE": "hot"}, SettingsError, "TBA_TEMPERATURE"),
+        ([], {"TBA_MAX_SAMPLES_AHEAD": "63"}, UsageError, "TBA_MAX_SAMPLES_AHEAD=63 is below the 64 samples"),
+        ([], {"TBA_MAX_SAMPLES_AHEAD": "0"}, SettingsError, "TBA_MAX_SAMPLES_AHEAD"),
     ],
 )
 def test_a_bad_value_is_named(monkeypatch, argv, env, error, says) -> None:
