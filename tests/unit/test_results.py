@@ -355,7 +355,20 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert f"--task-options '{json.dumps(json.loads(three))}'" in json.loads(other.read_text())["command"]
     page = report.build(results / "data")[results / "real-model.md"]
     sections = [line for line in page.splitlines() if line.startswith("## `")]
-    assert len(sections) == 2 and sections[0].endswith("the recipe's task") and "(min_terms 3" in sections[1]
+    assert len(sections) == 2 and "the recipe's task, on " in sections[0] and "(min_terms 3" in sections[1]
+    # The recipe's task on another CPU, without the peer: a section of its own (times on one CPU do not compare with
+    # another's), after the record with more runs, which the README's row still reads.
+    elsewhere = json.loads(path.read_text())
+    elsewhere["machine"] = {**elsewhere["machine"], "cpu_model": "Another CPU"}
+    elsewhere["arms"].pop("trl-grpo")
+    elsewhere["pairs"] = [p for p in elsewhere["pairs"] if "trl-grpo" not in p["arms"]]
+    (path.parent / "aiw-another-cpu.json").write_text(json.dumps(elsewhere))
+    built = report.build(results / "data")
+    sections = [line for line in built[results / "real-model.md"].splitlines() if line.startswith("## `")]
+    assert len(sections) == 3 and "Another CPU" in sections[1] and "Another CPU" not in sections[0]
+    claims = json.loads(built[results / "claims.json"])
+    assert path.stem in next(c for c in claims if c["id"] == "real-model")["records"]
+    (path.parent / "aiw-another-cpu.json").unlink()
     row = next(
         c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model"
     )
