@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from experiments.records import ratio
 from experiments.report import md
 from experiments.report.pages import header
 from tba.local.report import time_shares
@@ -286,6 +287,8 @@ def targets(record: Record) -> list[list[Any]]:
                 f"it (the recipe's time over {label}'s last evaluation)"
             )
         rows.append([rule, measured, seeds, _verdict(met, seeds, planned, bounded=undecided)])
+        if other in ON_POLICY:
+            rows += _step_floor(record, other, label)
     mine = (record["arms"].get("async-tb") or {}).get("summary", {}).get("accuracy_end")
     peer = (record["arms"].get("trl-grpo") or {}).get("summary", {}).get("accuracy_end")
     if mine and peer and mine.get("n") and peer.get("n"):
@@ -322,6 +325,24 @@ def targets(record: Record) -> list[list[Any]]:
             )
         rows += _balance_rows(runs, planned)
     return rows
+
+
+def _step_floor(record: Record, other: str, label: str) -> list[list[Any]]:
+    """The async / on-policy ratio's floor on these cores: the recipe's time per step over the on-policy loop's
+    time per cycle (generation, then the step), seed against seed. Where asynchrony needs at least as many steps
+    as the on-policy loop to reach a target, its time ratio is no lower than this; a floor above 0.5 puts the
+    target out of reach whatever the learning does."""
+    cycles = {
+        arm: {r["seed"]: (r.get("step") or {}).get("cycle") for r in (record["arms"].get(arm) or {}).get("runs", [])}
+        for arm in ("async-tb", other)
+    }
+    seeds = sorted(set(cycles["async-tb"]) & set(cycles[other]))
+    floor = ratio([cycles["async-tb"][s] for s in seeds], [cycles[other][s] for s in seeds])
+    if floor is None:
+        return []
+    verdict = "0.5 out of reach at equal steps" if floor["mean"] > 0.5 else "0.5 within reach at equal steps"
+    rule = f"the ratio at equal steps: async time per step / {label} time per cycle"
+    return [[rule, md.ratio(floor, None), floor["n"], verdict]]
 
 
 def _balance_rows(runs: list[Record], planned: int) -> list[list[Any]]:

@@ -273,6 +273,9 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert verdicts["time to +30 points, async / on-policy ≤ 0.5, every seed < 1"] == "not met"  # 5.1 s / 10.1 s
     assert verdicts["accuracy at the end ≥ TRL's + 10 points"] == "not met"  # 50% both
     assert verdicts["never below the start for more than one evaluation"] == "**met**"
+    floor = next(row for row in real_model_page.targets(record) if row[0].startswith("the ratio at equal steps"))
+    cycles = [record["arms"][arm]["runs"][0]["step"]["cycle"] for arm in ("async-tb", "sync-tb")]
+    assert floor[1] == f"{cycles[0] / cycles[1]:.2f}" and floor[3].startswith("0.5 ")
     row = next(
         c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model"
     )
