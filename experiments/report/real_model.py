@@ -312,18 +312,9 @@ def targets(record: Record) -> list[list[Any]]:
                 _verdict(below <= 1, len(runs), planned),
             ]
         )
-        splits = [((r.get("time_split") or {}).get("trainer") or {}).get("busy_fraction") for r in runs]
-        busy: list[float] = [b for b in splits if b is not None]
-        if busy:
-            rows.append(
-                [
-                    "trainer busy ≥ 90% of the wall",
-                    f"{md.pct(min(busy), 0)} at the least",
-                    len(busy),
-                    _verdict(min(busy) >= 0.9, len(busy), planned),
-                ]
-            )
-        rows += _balance_rows(runs, planned)
+    for arm in ASYNC:  # the balance of the two services, the recipe's first, then each other asynchronous arm's
+        prefix = "" if arm == "async-tb" else f"{ARMS[arm]}: "
+        rows += [[prefix + rule, *rest] for rule, *rest in _balance_rows(record, arm, planned)]
     return rows
 
 
@@ -345,13 +336,26 @@ def _step_floor(record: Record, other: str, label: str) -> list[list[Any]]:
     return [[rule, md.ratio(floor, None), floor["n"], verdict]]
 
 
-def _balance_rows(runs: list[Record], planned: int) -> list[list[Any]]:
-    """The target on the distinct samples stored and trained: the share of the distinct samples stored that the
-    trainer drew at least once, where the record counts it; in older records, the draws against the distinct
-    samples stored (a sample drawn twice counts twice)."""
+def _balance_rows(record: Record, arm: str, planned: int) -> list[list[Any]]:
+    """The targets on the balance of ``arm``'s two services: the trainer busy, and the distinct samples stored and
+    trained (the share of the distinct samples stored that the trainer drew at least once, where the record counts
+    it; in older records, the draws against the distinct samples stored, a sample drawn twice counting twice)."""
+    runs = (record["arms"].get(arm) or {}).get("runs", [])
+    rows: list[list[Any]] = []
+    splits = [((r.get("time_split") or {}).get("trainer") or {}).get("busy_fraction") for r in runs]
+    busy: list[float] = [b for b in splits if b is not None]
+    if busy:
+        rows.append(
+            [
+                "trainer busy ≥ 90% of the wall",
+                f"{md.pct(min(busy), 0)} at the least",
+                len(busy),
+                _verdict(min(busy) >= 0.9, len(busy), planned),
+            ]
+        )
     counted = [r for r in runs if r.get("samples_stored") and r.get("samples_trained")]
     if not counted:
-        return []
+        return rows
     duplicates = max((r.get("samples_duplicate") or 0) / r["samples_generated"] for r in counted)
     distinct = [r for r in counted if r.get("samples_trained_distinct") is not None]
     if distinct:
@@ -368,7 +372,7 @@ def _balance_rows(runs: list[Record], planned: int) -> list[list[Any]]:
         met = trained_per_stored <= 1.2
     measured += f"; up to {duplicates:.0%} of those generated were duplicates"
     rule = "distinct samples stored and trained within 20%"
-    return [[rule, measured, len(counted), _verdict(met, len(counted), planned)]]
+    return [*rows, [rule, measured, len(counted), _verdict(met, len(counted), planned)]]
 
 
 def _samples(run: Record) -> str:

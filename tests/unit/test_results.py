@@ -313,24 +313,32 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     )
     assert real_model.main([*argv, "--only", "sync-tb-3-cores"]) == 2  # no such arm
 
-    # The recipe with its searcher paced to a batch per version, run only when named: asynchronous, paired with
-    # each on-policy arm; the trainer's compute rates by reward on the page.
-    curves["async-tb-paced"] = curves["async-tb"]
+    # The recipe with its searcher paced to a batch per version, and with it a batch ahead of the trainer, run
+    # only when named: asynchronous, paired with each on-policy arm and the recipe; the trainer's compute rates by
+    # reward on the page; the balance targets judged for each.
+    curves["async-tb-paced"] = curves["async-tb-ahead"] = curves["async-tb"]
     started.clear()
     modes: dict[str, tuple[str, str | None]] = {}
     real_run_arm = run_arm
 
     def run_paced(arm, seed, minutes, out, eval_prompts):
-        modes[arm.name] = (arm.mode, arm.env.get("TBA_MAX_BATCHES_PER_VERSION"))
+        modes[arm.name] = (arm.mode, arm.env.get("TBA_MAX_BATCHES_PER_VERSION") or arm.env["TBA_MAX_SAMPLES_AHEAD"])
         return real_run_arm(arm, seed, minutes, out, eval_prompts)
 
     monkeypatch.setattr(real_model, "run_arm", run_paced)
-    assert real_model.main([*argv, "--only", "async-tb-paced", "--resume", str(path)]) == 0
-    assert started == ["async-tb-paced/0", "async-tb-paced/1"] and modes == {"async-tb-paced": ("async", "1")}
+    assert real_model.main([*argv, "--only", "async-tb-paced,async-tb-ahead", "--resume", str(path)]) == 0
+    assert started == ["async-tb-paced/0", "async-tb-ahead/0", "async-tb-paced/1", "async-tb-ahead/1"]
+    assert modes == {"async-tb-paced": ("async", "1"), "async-tb-ahead": ("async", "64")}
     record = json.loads(path.read_text())
     pairs = [tuple(p["arms"]) for p in record["pairs"]]
     assert ("async-tb-paced", "sync-tb") in pairs and ("async-tb-paced", "sync-tb-2-cores") in pairs
-    assert ("async-tb-paced", "trl-grpo") not in pairs
+    assert ("async-tb-paced", "trl-grpo") not in pairs and ("async-tb-ahead", "async-tb") in pairs
+    for run in record["arms"]["async-tb-ahead"]["runs"]:
+        run["time_split"] = {"trainer": {"busy_fraction": 0.95}}
+    verdicts = {row[0]: row[3] for row in real_model_page.targets(record)}
+    assert verdicts["TBA, asynchronous, the searcher a batch ahead of the trainer: trainer busy ≥ 90% of the wall"] == (
+        "**met**"
+    )
     rates = record["arms"]["async-tb-paced"]["runs"][0]["compute_rate"]
     assert rates == {  # 40 steps less the 10 of warm-up, by the batch's reward (step i: i / 40)
         "0.25 to 0.75": {"steps": 20, "tokens_per_s": 1200.0},
@@ -341,7 +349,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
         "| TBA, asynchronous, the searcher paced to a batch per version / TBA, exactly on-policy (sync) | 2 |" in page
     )
     assert "| TBA, exactly on-policy (sync) | 0 | 1,200 (20) | 1,200 (10) |" in page
-    assert "`--only async-tb-paced,sync-tb-2-cores --resume`" in page
+    assert "`--only async-tb-paced,async-tb-ahead,sync-tb-2-cores --resume`" in page
 
     # Another task (--task-options): every arm runs on it, its record is kept apart, the page shows both tasks
     # with the recipe's first, and a record of one task does not resume on another.
@@ -388,14 +396,20 @@ def test_the_balance_target_counts_distinct_samples_trained_where_the_record_hol
     stored: met at 80% or more; an older record without the count is judged by its draws against the stored."""
     from experiments.report.real_model import _balance_rows
 
+    def rows(run: dict) -> list:
+        return _balance_rows({"arms": {"async-tb-ahead": {"runs": [run]}}}, "async-tb-ahead", planned=1)
+
     run = {"samples_generated": 1000, "samples_stored": 600, "samples_trained": 1000, "samples_duplicate": 400}
-    (row,) = _balance_rows([{**run, "samples_trained_distinct": 540}], planned=1)
+    (row,) = rows({**run, "samples_trained_distinct": 540})
     assert row[3] == "**met**" and "90% of the distinct samples stored" in row[1] and "1.85×" in row[1]
-    (row,) = _balance_rows([{**run, "samples_trained_distinct": 420}], planned=1)
+    (row,) = rows({**run, "samples_trained_distinct": 420})
     assert row[3] == "not met" and "70%" in row[1]
-    (row,) = _balance_rows([run], planned=1)  # draws 1.67x the distinct stored
+    (row,) = rows(run)  # draws 1.67x the distinct stored
     assert row[3] == "not met" and "trained 1.67× the distinct stored" in row[1]
-    assert _balance_rows([{**run, "samples_stored": None}], planned=1) == []
+    assert rows({**run, "samples_stored": None}) == []
+    busy, _ = rows({**run, "samples_trained_distinct": 540, "time_split": {"trainer": {"busy_fraction": 0.85}}})
+    assert busy[0] == "trainer busy ≥ 90% of the wall" and busy[1:] == ["85% at the least", 1, "not met"]
+    assert _balance_rows({"arms": {}}, "async-tb-ahead", planned=1) == []
 
 
 def test_a_target_the_other_arm_never_reached_is_judged_by_a_bound() -> None:
