@@ -322,7 +322,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     real_run_arm = run_arm
 
     def run_paced(arm, seed, minutes, out, eval_prompts):
-        modes[arm.name] = (arm.mode, arm.env.get("TBA_MAX_BATCHES_PER_VERSION") or arm.env["TBA_MAX_SAMPLES_AHEAD"])
+        modes[arm.name] = (arm.mode, arm.env.get("TBA_MAX_BATCHES_PER_VERSION") or arm.env.get("TBA_MAX_SAMPLES_AHEAD"))
         return real_run_arm(arm, seed, minutes, out, eval_prompts)
 
     monkeypatch.setattr(real_model, "run_arm", run_paced)
