@@ -5,8 +5,10 @@ The recipe is ``tba up --profile real-model`` (tba/local/profiles/real-model.tom
 reasoning-gym's aiw, asked in chat form and read by the lenient answer reader). Three arms, each run once
 per seed, interleaved seed by seed on the same 2 cores:
 
-- ``async-tb``: the recipe as it is: the searcher on CPU 0 runs free, the trainer on CPU 1 draws from the
-  replay buffer within the bounds of bounded asynchrony;
+- ``async-tb-ahead``: the recipe as it is: the searcher on CPU 0 stays one training batch ahead of the trainer's
+  draws (``TBA_MAX_SAMPLES_AHEAD`` = P x K, as the profile sets it), the trainer on CPU 1 draws from the replay
+  buffer within the bounds of bounded asynchrony: the next batch ready when the trainer asks, little generated
+  that it never trains on;
 - ``sync-tb``: the same recipe exactly on-policy, the fastest such loop the system runs on two cores: for each
   version the searcher generates one batch of the trainer's P prompts the moment the checkpoint is verified,
   the trainer trains on exactly those samples and publishes every step (``--mode sync``,
@@ -20,10 +22,9 @@ per seed, interleaved seed by seed on the same 2 cores:
   ``async-tb``: samples at most a version old, and a searcher that generates no more than the trainer trains on.
   Under the reuse bound (a sample trained on once per sample generated) the trainer waits for each batch while the
   searcher waits for each checkpoint, so the two take turns much as in the on-policy loop;
-- ``async-tb-ahead`` (only when named in ``--only``): the recipe with its searcher at most one training batch
-  ahead of the trainer's draws (``TBA_MAX_SAMPLES_AHEAD`` = P x K): the next batch ready when the trainer asks,
-  little generated that it never trains on, and the searcher reloading while it waits, so its samples are about a
-  version old;
+- ``async-tb`` (only when named in ``--only``): the recipe with its searcher free (``TBA_MAX_SAMPLES_AHEAD=off``),
+  as in the paper: it generates as fast as its core allows, the buffer replays and drops what the trainer does
+  not draw;
 - ``trl-grpo``: ``python -m experiments.peer`` with the same profile: TRL's ``GRPOTrainer`` on the same model,
   prompts, answer reader, completion length, held-out set and budget, generating with transformers, on both
   cores.
@@ -74,13 +75,15 @@ EVAL_EVERY = 20.0  # seconds between the checkpoints evaluated: the resolution o
 PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1", "backfill": 0}
 PEER = "trl-grpo"
 EXPERIMENT = "real-model"
-DEFAULT_ARMS = ("async-tb", PEER, "sync-tb")  # the arms run unless --only names others
+RECIPE = "async-tb-ahead"  # the arm that runs the profile as it is
+DEFAULT_ARMS = (RECIPE, PEER, "sync-tb")  # the arms run unless --only names others
 ON_POLICY = ("sync-tb", "sync-tb-2-cores")  # the exactly on-policy arms
 # The arms whose times to each target are compared, seed against seed: each asynchronous arm against each on-policy
 # one, and the recipe against the peer.
 PAIRS = (
-    *(("async-tb", b) for b in (*ON_POLICY, PEER)),
-    *((a, b) for a in ("async-tb-paced", "async-tb-ahead") for b in (*ON_POLICY, "async-tb")),
+    *((a, b) for a in (RECIPE, "async-tb") for b in (*ON_POLICY, PEER)),
+    *((a, "async-tb") for a in (RECIPE, "async-tb-paced")),
+    *(("async-tb-paced", b) for b in ON_POLICY),
 )
 BATCH_SAMPLES = 64  # the recipe's training batch, P x K: 8 prompts x 8 samples
 # The batch rewards that split the trainer's steps into before, while and after the model learns the task.
@@ -98,7 +101,12 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
     common: dict[str, Any] = {"task": TASK, "profile": PROFILE, "eval_every": EVAL_EVERY, "eval_after": True}
     task_env = {} if task_options is None else {"TBA_TASK_OPTIONS": json.dumps(task_options)}
     return {
-        "async-tb": Arm("async-tb", mode="async", env=task_env, **common, **PLACEMENT),
+        RECIPE: Arm(
+            RECIPE, mode="async", env={"TBA_MAX_SAMPLES_AHEAD": str(BATCH_SAMPLES), **task_env}, **common, **PLACEMENT
+        ),
+        "async-tb": Arm(
+            "async-tb", mode="async", env={"TBA_MAX_SAMPLES_AHEAD": "off", **task_env}, **common, **PLACEMENT
+        ),
         PEER: None,
         "sync-tb": Arm("sync-tb", mode="sync", env={**SYNC_ENV, **task_env}, **common, **PLACEMENT),
         "async-tb-paced": Arm(
@@ -106,14 +114,7 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
             mode="async",
             # One batch of the trainer's P prompts per version: the searcher waits for each checkpoint, as the
             # on-policy loop's does, and the trainer draws from the buffer under the asynchronous bounds.
-            env={**SYNC_ENV, **task_env},
-            **common,
-            **PLACEMENT,
-        ),
-        "async-tb-ahead": Arm(
-            "async-tb-ahead",
-            mode="async",
-            env={"TBA_MAX_SAMPLES_AHEAD": str(BATCH_SAMPLES), **task_env},
+            env={**SYNC_ENV, "TBA_MAX_SAMPLES_AHEAD": "off", **task_env},
             **common,
             **PLACEMENT,
         ),

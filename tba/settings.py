@@ -518,8 +518,8 @@ class SearcherSettings(ModelSettings):
         le=2**31 - 1,
         description="Pause generation while the samples generated and not yet trained on (taken in by the buffer "
         "minus served, over every searcher, plus this searcher's own not yet published) number at least this "
-        "many (unset: never). One training batch keeps the trainer fed without generating what it never trains "
-        "on.",
+        "many (unset or off: never). One training batch keeps the trainer fed without generating what it never "
+        "trains on.",
     )
     pace_max_wait_seconds: float = Field(
         30.0, gt=0.0, description="Longest pause of a paced searcher before it generates one more batch anyway."
@@ -558,10 +558,11 @@ class SearcherSettings(ModelSettings):
     flush_timeout_seconds: float = Field(30.0, ge=0.0, description="Time to publish spilled groups at shutdown.")
     max_batches: int | None = Field(None, ge=1, description="Stop after this many batches (unset: run forever).")
 
-    @field_validator("max_staleness", mode="before")
+    @field_validator("max_staleness", "max_samples_ahead", mode="before")
     @classmethod
     def _bound_off(cls, v: Any) -> Any:
-        """``TBA_MAX_STALENESS=off`` (or ``none``), as the trainer reads it."""
+        """``TBA_MAX_STALENESS=off`` (or ``none``), as the trainer reads it; ``TBA_MAX_SAMPLES_AHEAD=off`` frees
+        a searcher that a profile paces."""
         return off_to_none(v)
 
     @field_validator("stop")

@@ -16,16 +16,22 @@ Record = dict[str, Any]
 PAGE = "real-model.md"
 MODEL = "SmolLM2-135M-Instruct (pretrained)"
 ARMS = {
-    "async-tb": "TBA, asynchronous (the recipe)",
+    "async-tb-ahead": "TBA, asynchronous, the searcher a batch ahead of the trainer (the recipe)",
+    "async-tb": "TBA, asynchronous, the searcher free",
     "async-tb-paced": "TBA, asynchronous, the searcher paced to a batch per version",
-    "async-tb-ahead": "TBA, asynchronous, the searcher a batch ahead of the trainer",
     "sync-tb": "TBA, exactly on-policy (sync)",
     "sync-tb-2-cores": "TBA, exactly on-policy, the trainer on both cores",
     "trl-grpo": "TRL GRPOTrainer",
 }
-ASYNC = ("async-tb", "async-tb-paced", "async-tb-ahead")
+ASYNC = ("async-tb-ahead", "async-tb", "async-tb-paced")
 # The exactly on-policy arms as the targets name them; sync-tb is always judged, the others where a record holds them.
 ON_POLICY = {"sync-tb": "on-policy", "sync-tb-2-cores": "on-policy (the trainer on both cores)"}
+
+
+def judged(record: Record) -> str:
+    """The arm the claim's targets judge: the recipe's (its searcher a batch ahead) where the record holds it, else
+    the searcher free, the recipe of records that hold no other asynchronous arm."""
+    return "async-tb-ahead" if "async-tb-ahead" in record["arms"] else "async-tb"
 
 
 def _gains(record: Record) -> list[str]:
@@ -84,12 +90,14 @@ def page(records: list[tuple[str, Record]]) -> str:
             "SmolLM2-135M-Instruct learns reasoning-gym tasks, asked in chat form and read by the lenient answer "
             "reader, with `tba up --profile real-model` (tba/local/profiles/real-model.toml, `make demo-real`). "
             "Three arms on the same 2 cores, the same held-out prompts and the same budget: the recipe as it is "
-            "(asynchronous), the same recipe exactly on-policy, and TRL's `GRPOTrainer` on the same model, "
-            "prompts, answer reader and completion length (`python -m experiments.peer`, its configuration in "
-            "experiments/peer.py). Where a record holds them: the on-policy loop with the trainer on both cores (the "
-            "searcher idles while it trains), and the recipe with its searcher paced to one batch per version "
-            "(`TBA_MAX_BATCHES_PER_VERSION=1`: it generates no more than the trainer trains on). One section per "
-            "task: the recipe's own first, then those run with `--task-options`.",
+            "(asynchronous, its searcher kept one training batch ahead of the trainer's draws by "
+            "`TBA_MAX_SAMPLES_AHEAD=64`), the same recipe exactly on-policy, and TRL's `GRPOTrainer` on the same "
+            "model, prompts, answer reader and completion length (`python -m experiments.peer`, its configuration "
+            "in experiments/peer.py). Where a record holds them: the recipe with its searcher free, as in the paper "
+            "(`TBA_MAX_SAMPLES_AHEAD=off`), or paced to one batch per version (`TBA_MAX_BATCHES_PER_VERSION=1`), "
+            "and the on-policy loop with the trainer on both cores (the searcher idles while it trains). The "
+            "targets judge the recipe's arm, or the free searcher's where a record holds no recipe arm. One section "
+            "per task and CPU: the recipe's own task first, then those run with `--task-options`.",
             "",
             "Held-out greedy accuracy; the TBA arms' checkpoints are evaluated after the run, the peer's clock stops "
             "while it evaluates. Times count from the first optimizer step; the targets are points over the raw "
@@ -189,7 +197,7 @@ def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
     rates = _rate_table(record)
     if rates:
         lines += ["", "### The trainer's compute by the batch's reward", "", *rates]
-    named = [arm for arm in ("async-tb-paced", "async-tb-ahead", "sync-tb-2-cores") if arm in record["arms"]]
+    named = [arm for arm in ("async-tb", "async-tb-paced", "sync-tb-2-cores") if arm in record["arms"]]
     extra = f"; {', '.join(named)}: the same with `--only {','.join(named)} --resume` on the record" if named else ""
     return [*lines, "", f"Reproduce: `{record['command']}`{extra}, then `python -m experiments.report`.", ""]
 
@@ -250,7 +258,7 @@ def _unreached_bounds(record: Record, other: str, gain: str) -> list[float]:
     last evaluation, an upper bound on their ratio (the other arm would have needed longer than its whole run)."""
     by_seed = {r["seed"]: r for r in (record["arms"].get(other) or {}).get("runs", [])}
     out = []
-    for mine in (record["arms"].get("async-tb") or {}).get("runs", []):
+    for mine in (record["arms"].get(judged(record)) or {}).get("runs", []):
         theirs = by_seed.get(mine["seed"])
         t = mine["time_to"].get(gain)
         if theirs is None or t is None or theirs["time_to"].get(gain) is not None or not theirs.get("evaluations"):
@@ -265,14 +273,15 @@ def targets(record: Record) -> list[list[Any]]:
     balance of the two services (trainer busy; samples generated, stored and trained on)."""
     planned = int(record.get("seeds") or 0)
     last = _gains(record)[-1]
-    runs = (record["arms"].get("async-tb") or {}).get("runs", [])
+    mine_arm = judged(record)
+    runs = (record["arms"].get(mine_arm) or {}).get("runs", [])
     rows: list[list[Any]] = []
-    judged = [
+    others = [
         ("trl-grpo", "TRL"),
         *((b, label) for b, label in ON_POLICY.items() if b == "sync-tb" or b in record["arms"]),
     ]
-    for other, label in judged:
-        p = _pair(record, "async-tb", other)
+    for other, label in others:
+        p = _pair(record, mine_arm, other)
         r = p and p["time_ratio"][last]
         bounds = _unreached_bounds(record, other, last)
         seeds = (r["n"] if r else 0) + len(bounds)
@@ -289,7 +298,7 @@ def targets(record: Record) -> list[list[Any]]:
         rows.append([rule, measured, seeds, _verdict(met, seeds, planned, bounded=undecided)])
         if other in ON_POLICY:
             rows += _step_floor(record, other, label)
-    mine = (record["arms"].get("async-tb") or {}).get("summary", {}).get("accuracy_end")
+    mine = (record["arms"].get(mine_arm) or {}).get("summary", {}).get("accuracy_end")
     peer = (record["arms"].get("trl-grpo") or {}).get("summary", {}).get("accuracy_end")
     if mine and peer and mine.get("n") and peer.get("n"):
         seeds = min(mine["n"], peer["n"])
@@ -312,8 +321,8 @@ def targets(record: Record) -> list[list[Any]]:
                 _verdict(below <= 1, len(runs), planned),
             ]
         )
-    for arm in ASYNC:  # the balance of the two services, the recipe's first, then each other asynchronous arm's
-        prefix = "" if arm == "async-tb" else f"{ARMS[arm]}: "
+    for arm in sorted(ASYNC, key=lambda a: a != mine_arm):  # the balance of the services: the judged arm first
+        prefix = "" if arm == mine_arm else f"{ARMS[arm]}: "
         rows += [[prefix + rule, *rest] for rule, *rest in _balance_rows(record, arm, planned)]
     return rows
 
@@ -325,10 +334,11 @@ def _step_floor(record: Record, other: str, label: str) -> list[list[Any]]:
     target out of reach whatever the learning does."""
     cycles = {
         arm: {r["seed"]: (r.get("step") or {}).get("cycle") for r in (record["arms"].get(arm) or {}).get("runs", [])}
-        for arm in ("async-tb", other)
+        for arm in (judged(record), other)
     }
-    seeds = sorted(set(cycles["async-tb"]) & set(cycles[other]))
-    floor = ratio([cycles["async-tb"][s] for s in seeds], [cycles[other][s] for s in seeds])
+    mine = cycles[judged(record)]
+    seeds = sorted(set(mine) & set(cycles[other]))
+    floor = ratio([mine[s] for s in seeds], [cycles[other][s] for s in seeds])
     if floor is None:
         return []
     verdict = "0.5 out of reach at equal steps" if floor["mean"] > 0.5 else "0.5 within reach at equal steps"
@@ -432,8 +442,8 @@ def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | Non
         return None
     name, record = shown[0]
     last = _gains(record)[-1]
-    mine = record["arms"]["async-tb"]["summary"]
-    ratios = {b: _pair(record, "async-tb", b) for b in ("trl-grpo", "sync-tb")}
+    mine = record["arms"][judged(record)]["summary"]
+    ratios = {b: _pair(record, judged(record), b) for b in ("trl-grpo", "sync-tb")}
     labels = {"trl-grpo": "TRL", "sync-tb": "sync"}
     shown = []
     for b, p in ratios.items():

@@ -202,7 +202,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
 
     started: list[str] = []
     curves = {
-        "async-tb": [0.125, 0.125, 0.125, 0.45, 0.5],  # every 5 s from launch; the first step at 9.9 s
+        "async-tb-ahead": [0.125, 0.125, 0.125, 0.45, 0.5],  # every 5 s from launch; the first step at 9.9 s
         "sync-tb": [0.125, 0.2, 0.3, 0.35, 0.45],
         "trl-grpo": [0.125, 0.125, 0.3, 0.2, 0.5],
         "sync-tb-2-cores": [0.125, 0.2, 0.3, 0.35, 0.45],
@@ -230,11 +230,11 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     results = tmp_path / "results"
     argv = ["--seeds", "1", "--minutes", "20", "--out", str(tmp_path / "runs"), "--results", str(results)]
     assert real_model.main(argv) == 0
-    assert started == ["async-tb/0", "trl-grpo/0", "sync-tb/0"]
+    assert started == ["async-tb-ahead/0", "trl-grpo/0", "sync-tb/0"]
     own = records.slug(recipe("real-model")["task_options"]["dataset"])  # the recipe's task names its record
     (path,) = (results / "data" / "real-model").glob(f"{own}-20min-*.json")
     record = json.loads(path.read_text())
-    mine = record["arms"]["async-tb"]["runs"][0]
+    mine = record["arms"]["async-tb-ahead"]["runs"][0]
     # the trainer's first step began 10 s after the launch (its first row: 110 s - 0.06 s of step - 0.01 s of wait)
     assert mine["first_step_s"] == pytest.approx(9.9, abs=0.05)
     assert mine["time_to"] == {"+0.1": 5.1, "+0.2": 5.1, "+0.3": 5.1}  # 15 s - 9.9 s
@@ -242,8 +242,8 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert record["arms"]["trl-grpo"]["runs"][0]["time_to"] == {"+0.1": 40.0, "+0.2": 80.0, "+0.3": 80.0}
     assert record["arms"]["trl-grpo"]["runs"][0]["below_start"] == 0
     ratios = {tuple(p["arms"]): p["time_ratio"] for p in record["pairs"]}
-    assert ratios[("async-tb", "trl-grpo")]["+0.3"]["mean"] == pytest.approx(5.1 / 80.0)
-    assert ratios[("async-tb", "sync-tb")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
+    assert ratios[("async-tb-ahead", "trl-grpo")]["+0.3"]["mean"] == pytest.approx(5.1 / 80.0)
+    assert ratios[("async-tb-ahead", "sync-tb")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
     page = report.build(results / "data")[results / "real-model.md"]
     assert "TRL GRPOTrainer" in page and "+30 points" in page and path.stem in page
     for date, config, greedy in [
@@ -274,7 +274,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert verdicts["accuracy at the end ≥ TRL's + 10 points"] == "not met"  # 50% both
     assert verdicts["never below the start for more than one evaluation"] == "**met**"
     floor = next(row for row in real_model_page.targets(record) if row[0].startswith("the ratio at equal steps"))
-    cycles = [record["arms"][arm]["runs"][0]["step"]["cycle"] for arm in ("async-tb", "sync-tb")]
+    cycles = [record["arms"][arm]["runs"][0]["step"]["cycle"] for arm in ("async-tb-ahead", "sync-tb")]
     assert floor[1] == f"{cycles[0] / cycles[1]:.2f}" and floor[3].startswith("0.5 ")
     row = next(
         c for c in json.loads(report.build(results / "data")[results / "claims.json"]) if c["id"] == "real-model"
@@ -284,7 +284,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     started.clear()  # a second seed, continuing the record: the first seed's runs are not run again
     argv = ["--seeds", "2", "--minutes", "20", "--out", str(tmp_path / "runs2"), "--results", str(results)]
     assert real_model.main([*argv, "--resume", str(path)]) == 0
-    assert started == ["async-tb/1", "trl-grpo/1", "sync-tb/1"]
+    assert started == ["async-tb-ahead/1", "trl-grpo/1", "sync-tb/1"]
     record = json.loads(path.read_text())
     assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2, 2] and record["seeds"] == 2
     assert real_model_page.targets({**record, "seeds": 3})[0][3] == "met so far (2 of 3 seeds)"
@@ -303,9 +303,10 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert cpus["sync-tb"] == "1" and ref_pass["sync-tb-2-cores"] == "trainer"  # as sync-tb's placement gives it
     record = json.loads(path.read_text())
     ratios = {tuple(p["arms"]): p["time_ratio"] for p in record["pairs"]}
-    assert ratios[("async-tb", "sync-tb-2-cores")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
+    assert ratios[("async-tb-ahead", "sync-tb-2-cores")]["+0.3"]["mean"] == pytest.approx(5.1 / 10.1)
     page = report.build(results / "data")[results / "real-model.md"]
-    assert "| TBA, asynchronous (the recipe) / TBA, exactly on-policy, the trainer on both cores | 2 |" in page
+    recipe_row = "| TBA, asynchronous, the searcher a batch ahead of the trainer (the recipe) / TBA, exactly on-policy"
+    assert recipe_row + ", the trainer on both cores | 2 |" in page
     assert "`--only sync-tb-2-cores --resume`" in page
     verdicts = {row[0]: row[3] for row in real_model_page.targets(record)}
     assert verdicts["time to +30 points, async / on-policy (the trainer on both cores) ≤ 0.5, every seed < 1"] == (
@@ -313,10 +314,10 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     )
     assert real_model.main([*argv, "--only", "sync-tb-3-cores"]) == 2  # no such arm
 
-    # The recipe with its searcher paced to a batch per version, and with it a batch ahead of the trainer, run
-    # only when named: asynchronous, paired with each on-policy arm and the recipe; the trainer's compute rates by
-    # reward on the page; the balance targets judged for each.
-    curves["async-tb-paced"] = curves["async-tb-ahead"] = curves["async-tb"]
+    # The recipe with its searcher paced to a batch per version, and with it free, run only when named:
+    # asynchronous, paired with each on-policy arm (and the free one with the recipe); the trainer's compute rates
+    # by reward on the page; the balance targets judged for each.
+    curves["async-tb-paced"] = curves["async-tb"] = curves["async-tb-ahead"]
     started.clear()
     modes: dict[str, tuple[str, str | None]] = {}
     real_run_arm = run_arm
@@ -326,19 +327,17 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
         return real_run_arm(arm, seed, minutes, out, eval_prompts)
 
     monkeypatch.setattr(real_model, "run_arm", run_paced)
-    assert real_model.main([*argv, "--only", "async-tb-paced,async-tb-ahead", "--resume", str(path)]) == 0
-    assert started == ["async-tb-paced/0", "async-tb-ahead/0", "async-tb-paced/1", "async-tb-ahead/1"]
-    assert modes == {"async-tb-paced": ("async", "1"), "async-tb-ahead": ("async", "64")}
+    assert real_model.main([*argv, "--only", "async-tb-paced,async-tb", "--resume", str(path)]) == 0
+    assert started == ["async-tb-paced/0", "async-tb/0", "async-tb-paced/1", "async-tb/1"]
+    assert modes == {"async-tb-paced": ("async", "1"), "async-tb": ("async", "off")}
     record = json.loads(path.read_text())
     pairs = [tuple(p["arms"]) for p in record["pairs"]]
     assert ("async-tb-paced", "sync-tb") in pairs and ("async-tb-paced", "sync-tb-2-cores") in pairs
     assert ("async-tb-paced", "trl-grpo") not in pairs and ("async-tb-ahead", "async-tb") in pairs
-    for run in record["arms"]["async-tb-ahead"]["runs"]:
+    for run in record["arms"]["async-tb"]["runs"]:
         run["time_split"] = {"trainer": {"busy_fraction": 0.95}}
     verdicts = {row[0]: row[3] for row in real_model_page.targets(record)}
-    assert verdicts["TBA, asynchronous, the searcher a batch ahead of the trainer: trainer busy ≥ 90% of the wall"] == (
-        "**met**"
-    )
+    assert verdicts["TBA, asynchronous, the searcher free: trainer busy ≥ 90% of the wall"] == "**met**"
     rates = record["arms"]["async-tb-paced"]["runs"][0]["compute_rate"]
     assert rates == {  # 40 steps less the 10 of warm-up, by the batch's reward (step i: i / 40)
         "0.25 to 0.75": {"steps": 20, "tokens_per_s": 1200.0},
@@ -349,7 +348,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
         "| TBA, asynchronous, the searcher paced to a batch per version / TBA, exactly on-policy (sync) | 2 |" in page
     )
     assert "| TBA, exactly on-policy (sync) | 0 | 1,200 (20) | 1,200 (10) |" in page
-    assert "`--only async-tb-paced,async-tb-ahead,sync-tb-2-cores --resume`" in page
+    assert "`--only async-tb,async-tb-paced,sync-tb-2-cores --resume`" in page
 
     # Another task (--task-options): every arm runs on it, its record is kept apart, the page shows both tasks
     # with the recipe's first, and a record of one task does not resume on another.
@@ -359,7 +358,7 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     argv = ["--seeds", "1", "--minutes", "20", "--out", str(tmp_path / "runs3"), "--results", str(results)]
     assert real_model.main([*argv, "--task-options", three, "--resume", str(path)]) == 2
     assert real_model.main([*argv, "--task-options", three]) == 0
-    assert started == ["async-tb/0", "trl-grpo/0", "sync-tb/0"]
+    assert started == ["async-tb-ahead/0", "trl-grpo/0", "sync-tb/0"]
     assert [json.loads(t) if isinstance(t, str) else t for t in task_options_seen] == [json.loads(three)] * 3
     (other,) = [p for p in (results / "data" / "real-model").glob("chain-sum-*-20min-*.json") if p != path]
     assert json.loads(other.read_text())["task_options"] == json.loads(three)
