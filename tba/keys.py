@@ -14,9 +14,10 @@ from dataclasses import dataclass
 # Field of a trajectory-stream entry that holds the msgpack-encoded ScoredGroup.
 STREAM_FIELD = "g"
 # Fields of the buffer's counters (``Keys.stats``) that the searchers read too, to tell how far generation runs
-# ahead of training: every generated sample taken in (duplicates included) and every sample served (repeats
-# included).
+# ahead of training: every generated sample taken in (duplicates included), the duplicates among them, and every
+# sample served (repeats included).
 SAMPLES_TAKEN_IN = "samples_ingested"
+SAMPLES_DUPLICATE = "samples_duplicate"
 SAMPLES_SERVED = "samples_served"
 
 

@@ -516,8 +516,9 @@ class SearcherSettings(ModelSettings):
         None,
         ge=1,
         le=2**31 - 1,
-        description="Pause generation while the samples generated and not yet trained on (taken in by the buffer "
-        "minus served, over every searcher, plus this searcher's own not yet published) number at least this "
+        description="Pause generation while the samples generated and not yet trained on (over every searcher: "
+        "taken in by the buffer minus served, or stored before the trainer's first draw, plus those still in the "
+        "trajectory stream and this searcher's own being scored) number at least this "
         "many (unset or off: never). One training batch keeps the trainer fed without generating what it never "
         "trains on.",
     )

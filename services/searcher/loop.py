@@ -38,7 +38,7 @@ from services.searcher.spill import SpillQueue
 from services.searcher.startup import completion_budget
 from services.searcher.watcher import CheckpointWatcher
 from tba.checkpoints import CheckpointStore
-from tba.keys import SAMPLES_SERVED, SAMPLES_TAKEN_IN, Keys
+from tba.keys import SAMPLES_DUPLICATE, SAMPLES_SERVED, SAMPLES_TAKEN_IN, Keys
 from tba.model.episodes import Turn, run_episodes
 from tba.redis_client import sync_client
 from tba.schemas import SearcherState
@@ -237,16 +237,33 @@ class Searcher:
         return 0
 
     def samples_ahead(self) -> int | None:
-        """Samples generated and not yet trained on: those the buffer took in and has not served, over every
-        searcher, and this searcher's own still being scored or published. None while Redis cannot be read.
+        """Samples generated and not yet trained on, over every searcher: those the buffer took in and has not
+        served, those still in the trajectory stream (groups not yet taken in, at this searcher's samples per
+        group), and this searcher's own still being scored or published. None while Redis cannot be read.
 
-        Both counters count repeats (duplicates taken in, samples served again), so their difference is
-        generation's lead over training in samples, whatever the buffer's sampling rule replays."""
+        The buffer's counters count repeats (duplicates taken in, samples served again), so their difference is
+        generation's lead over training in samples, whatever the buffer's sampling rule replays. Until the
+        trainer's first draw the duplicates are left out: its warm-up waits for samples stored, which a cap
+        counting duplicates could hold back."""
+        keys = self.publisher.keys
+        pipe = self.publisher.client.pipeline(transaction=False)
+        pipe.hmget(keys.stats, [SAMPLES_TAKEN_IN, SAMPLES_DUPLICATE, SAMPLES_SERVED])
+        pipe.xlen(keys.trajectories)
+        pipe.xinfo_groups(keys.trajectories)  # an error until the stream exists
         try:
-            taken, served = self.publisher.client.hmget(self.publisher.keys.stats, [SAMPLES_TAKEN_IN, SAMPLES_SERVED])
+            counters, length, groups = pipe.execute(raise_on_error=False)
         except redis.RedisError:
             return None
-        return int(taken or 0) - int(served or 0) + self._samples_handed - self._samples_done
+        if isinstance(counters, Exception) or isinstance(length, Exception):
+            return None
+        taken, duplicate, served = (int(v or 0) for v in counters)
+        in_stream = int(length)  # no consumer group yet: the buffer has taken in none of the stream's groups
+        for group in groups if isinstance(groups, list) else []:
+            if group.get("name") in (keys.ingest_group, keys.ingest_group.encode()):
+                in_stream = int(group.get("pending") or 0) + int(group.get("lag") or 0)
+        own = self._samples_handed - self._samples_done
+        lead = taken - served if served else taken - duplicate
+        return lead + in_stream * self.settings.completions_per_prompt + own
 
     def maybe_reload(self) -> bool:
         """Load the newest verified checkpoint, if there is one newer than the engine's weights.

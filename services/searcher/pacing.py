@@ -9,9 +9,10 @@ trainer or lands in the buffer untrained. Two rules hold a searcher back, each o
 - ``TBA_MAX_BATCHES_PER_VERSION`` caps the batches it generates with one policy version:
   past it, it waits for a newer checkpoint (the services take turns).
 - ``TBA_MAX_SAMPLES_AHEAD`` caps the samples generated and not yet trained on, over every
-  searcher (the buffer's count of samples taken in minus those served, plus this searcher's
-  own not yet published): past it, it waits for the trainer to draw. Set to one training
-  batch, the next batch is ready when the trainer asks for it and little more is generated.
+  searcher (``Searcher.samples_ahead``: the buffer's samples taken in minus those served, the
+  groups still in the stream, this searcher's own being scored): past it, it waits for the
+  trainer to draw. Set to one training batch, the next batch is ready when the trainer asks for
+  it and little more is generated.
 
 Either pause lasts at most ``TBA_PACE_MAX_WAIT_SECONDS``; then the searcher generates one
 more batch, so a stalled trainer, or a trainer waiting for more than the cap, never stalls

@@ -751,6 +751,8 @@ def test_a_searcher_paced_by_samples_ahead_waits_for_the_trainer_to_draw(
             await until(lambda: searcher.status()["paced_seconds"] > 1.0)
             status = searcher.status()
             assert searcher.batches == generated and status["samples_ahead"] >= batch, status
+            stats = await client.hgetall(store.stats_key)  # nothing drawn yet: the samples stored, as the warm-up
+            assert status["samples_ahead"] == int(stats[b"samples_ingested"]) - int(stats.get(b"samples_duplicate", 0))
             assert searcher.ready()[0], "a paced searcher is still ready"
             request = SampleRequest(
                 num_prompts=settings.prompts_per_batch,
