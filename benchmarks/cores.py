@@ -12,8 +12,8 @@ dominate both services:
 
 Each kernel runs in one process per core, pinned, one torch thread: first on each core alone, then on every
 core at once. The figure is a core's rate with every core busy, the baseline its rate alone; a ratio near 1
-says the cores are independent, near 1 / cores that they share one core's units. Rounds alternate alone and
-together so that load from elsewhere hits both; the median round counts.
+says the cores are independent, near 1 / cores that they share one core's units. Repeats alternate alone and
+together so that load from elsewhere hits both; the median repeat counts.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks import Figure
 
 PART = "cores"
-SECONDS, ROUNDS = 3.0, 3  # per kernel and phase; alone and together alternate
+SECONDS, REPEATS = 3.0, 3  # per kernel and phase; alone and together alternate
 MATMUL_N = 512  # a 512 x 512 product: 0.27 GFLOP, from the caches
 STREAM_MB = 64  # per operand: larger than any core's cache
 KERNELS = ("float32 matmul", "bfloat16 matmul", "stream add")
@@ -42,7 +42,7 @@ def settings(model: Path | None = None, quick: bool = False) -> dict[str, Any]:
         "matmul_n": MATMUL_N,
         "stream_mb_per_operand": STREAM_MB,
         "seconds_per_phase": SECONDS,
-        "rounds": ROUNDS,
+        "repeats": REPEATS,
         "statistic": "median",
         "torch_threads": 1,
         "cpus": sorted(os.sched_getaffinity(0)),
@@ -97,13 +97,13 @@ def rates(cpus: list[int], name: str, seconds: float = SECONDS) -> dict[int, flo
     return got
 
 
-def measure(cpus: list[int], seconds: float = SECONDS, rounds: int = ROUNDS) -> list[Figure]:
+def measure(cpus: list[int], seconds: float = SECONDS, repeats: int = REPEATS) -> list[Figure]:
     """For each kernel: the mean rate of a core while all of ``cpus`` run it, against its rate alone (medians)."""
     figures = []
     for name in KERNELS:
         alone: list[float] = []
         together: list[float] = []
-        for _ in range(rounds):
+        for _ in range(repeats):
             alone.append(statistics.mean(rates([cpu], name, seconds)[cpu] for cpu in cpus))
             together.append(statistics.mean(rates(cpus, name, seconds).values()))
         figures.append(

@@ -471,7 +471,7 @@ def claim(records: list[tuple[str, Record]], entry: Any) -> dict[str, Any] | Non
         model=MODEL,
         budget=f"{record['minutes']:g} min",
         seeds=mine["accuracy_end"]["of"],
-        settings="the real-model profile",
+        settings="the real-model profile" + ("" if judged(record) == "async-tb-ahead" else ", its searcher free"),
         headline={
             "figure": f"held-out greedy accuracy start -> end, time to {_points(last)} over the raw model (from the "
             "first step), and its ratios async / TRL and async / sync (ratio of means)",

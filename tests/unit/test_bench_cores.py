@@ -28,7 +28,7 @@ def test_a_figure_per_kernel_against_the_core_alone(monkeypatch) -> None:
         return {cpu: 10.0 if len(cpus) == 1 else 5.0 for cpu in cpus}
 
     monkeypatch.setattr(cores, "rates", fake_rates)
-    figures = cores.measure([0, 1], seconds=0.1, rounds=1)
+    figures = cores.measure([0, 1], seconds=0.1, repeats=1)
     assert [f.name.split(",")[0] for f in figures] == list(cores.KERNELS)
     assert all(f.value == 5.0 and f.baseline == 10.0 and f.ratio == 0.5 for f in figures)
     assert ((0,), "float32 matmul") in calls and ((1,), "float32 matmul") in calls and ((0, 1), "stream add") in calls
