@@ -37,11 +37,13 @@ def smollm2(model: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Part:
-    """A benchmark's records on a page: those whose model ``models`` admits, a section per model."""
+    """A benchmark's records on a page: those whose model ``models`` admits, a section per model (per CPU where
+    ``by_cpu``: a figure of the hardware compares only on the same CPU)."""
 
     benchmark: str
     heading: str
     models: Callable[[str | None], bool] = any_model
+    by_cpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ PAGES = (
             "hyperthreads of one physical core, or share what the kernel saturates, and the two services take "
             "that share from each other ([../scaling.md](../scaling.md)).",
         ),
-        (Part("cores", "Current result"),),
+        (Part("cores", "Current result", by_cpu=True),),
         ("tests/unit/test_bench_cores.py: the rates are measured on the cores named, alone and together",),
     ),
     Page(
@@ -239,19 +241,29 @@ def by_model(named: list[Named]) -> dict[str | None, list[Named]]:
     return {m: list(reversed(groups[m])) for m in order}
 
 
+def by_cpu(named: list[Named]) -> dict[str, list[Named]]:
+    """Records by the CPU they were measured on, named as the pages name it; each CPU's newest first."""
+    groups: dict[str, list[Named]] = {}
+    for n, r in reversed(named):
+        groups.setdefault(md.cpu(r.get("machine") or {}), []).append((n, r))
+    return groups
+
+
 def render(page: Page, recs: dict[str, list[Named]]) -> str:
     lines = [f"# {page.title}", "", md.BANNER, ""]
     for paragraph in page.intro:
         lines += [paragraph, ""]
     smoke: list[tuple[Part, Named]] = []
     for part in page.parts:
-        groups = by_model(selected(recs, part))
-        for model, named in groups.items():
+        named = selected(recs, part)
+        groups: dict[Any, list[Named]] = by_cpu(named) if part.by_cpu else by_model(named)
+        for key, named in groups.items():
             full = [(n, r) for n, r in named if not r.get("quick")]
             smoke += [(part, (n, r)) for n, r in named if r.get("quick")]
             if not full:
                 continue
-            heading = part.heading if len(groups) == 1 else f"{part.heading}: {model_name(model)}"
+            label = key if part.by_cpu else model_name(key)
+            heading = part.heading if len(groups) == 1 else f"{part.heading}: {label}"
             lines += [f"## {heading}", ""]
             lines += section(part.benchmark, *full[0])
             for name, record in full[1:]:

@@ -81,6 +81,25 @@ def test_the_benchmark_pages_state_no_dates_and_no_history() -> None:
         assert not history.findall(text), (name, history.findall(text))
 
 
+def test_the_cores_page_has_a_section_per_cpu_each_with_its_newest_record_first() -> None:
+    """Cores compare only on one CPU: two CPUs' records are two current results, never one the other's past."""
+
+    def rec(commit: str, flags: list[str], value: float) -> dict:
+        figure = {"name": "stream add", "value": value, "unit": "GB/s", "baseline": 10.0, "ratio": value / 10}
+        machine = {"cpu_model": "AMD EPYC", "cpu_flags": flags, "cores": 2}
+        return {"commit": commit, "machine": machine, "figures": [figure], "command": "python -m benchmarks.run cores"}
+
+    named = [
+        ("a", rec("aaa", ["avx2", "avx512_bf16"], 7.0)),
+        ("b", rec("bbb", ["avx2"], 9.0)),
+        ("c", rec("ccc", ["avx2"], 9.5)),
+    ]
+    text = report.bench.render_all({"cores": named})["cores.md"]
+    avx2 = text.index("## Current result: AMD EPYC (AVX2, no AVX-512)")
+    bf16 = text.index("## Current result: AMD EPYC (AVX512-BF16)")
+    assert avx2 < text.index("`ccc`") < text.index("### Earlier: b") < bf16 < text.index("`aaa`")
+
+
 def test_the_gpu_page_is_rendered_from_its_record_once_there(tmp_path: Path, monkeypatch) -> None:
     data = tmp_path / "results" / "data"
     data.mkdir(parents=True)
