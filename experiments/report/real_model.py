@@ -65,11 +65,12 @@ def recipe_options() -> dict[str, Any]:
 
 
 def by_task(records: list[tuple[str, Record]]) -> list[tuple[str, Record]]:
-    """The newest record of each task the experiment ran on each CPU (times on one CPU do not compare with
-    another's), the recipe's task first and, within a task, the record with the most runs first."""
+    """The newest record of each task the experiment ran on each CPU and budget (times on one CPU do not compare
+    with another's), the recipe's task first and, within a task, the record with the most runs first."""
     newest: dict[str, tuple[str, Record]] = {}
     for name, r in experiment_records(records):  # oldest first
-        newest[json.dumps([_options(r), md.cpu(r.get("machine") or {})], sort_keys=True)] = (name, r)
+        key = [_options(r), md.cpu(r.get("machine") or {}), r.get("minutes")]
+        newest[json.dumps(key, sort_keys=True)] = (name, r)
     own = recipe_options()
     return sorted(newest.values(), key=lambda nr: (_options(nr[1]) != own, -_runs(nr[1])))
 
@@ -119,7 +120,9 @@ def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
     gains = _gains(record)
     machine = record.get("machine") or {}
     lines = [
-        f"## {_task_label(_options(record))}" + (": the recipe's task" if recipe else "") + f", on {md.cpu(machine)}",
+        f"## {_task_label(_options(record))}"
+        + (": the recipe's task" if recipe else "")
+        + f", on {md.cpu(machine)}, {record['minutes']:g} minutes",
         "",
         f"Held-out greedy accuracy on {record['evaluation'].get('prompts') or '-'} prompts, every "
         f"{record['evaluation']['every_s']:g} s, {record['minutes']:g} minutes per run. CPU: {md.cpu(machine)}, "

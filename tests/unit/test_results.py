@@ -308,6 +308,12 @@ def test_the_real_model_command_records_each_run_as_it_ends_and_resumes(
     assert [len(a["runs"]) for a in record["arms"].values()] == [2, 2, 2] and record["seeds"] == 2
     assert real_model_page.targets({**record, "seeds": 3})[0][3] == "met so far (2 of 3 seeds)"
     assert real_model.main([*argv, "--minutes", "10", "--resume", str(path)]) == 2  # another budget: refused
+    longer = {**record, "minutes": 45.0}  # another budget on the same CPU: a section of its own beside this one
+    written = records.write("real-model", path.stem.replace("20min", "45min"), longer, results / "data")
+    page = report.build(results / "data")[results / "real-model.md"]
+    budgets = sorted(line.rsplit(", ", 1)[1] for line in page.splitlines() if line.startswith("## `"))
+    assert budgets == ["20 minutes", "45 minutes"]
+    written.unlink()
     elsewhere = tmp_path / "elsewhere.json"  # a record measured on another CPU: refused, its runs would not compare
     elsewhere.write_text(json.dumps({**record, "machine": {**record["machine"], "cpu_model": "Another CPU"}}))
     assert real_model.main([*argv, "--resume", str(elsewhere)]) == 2
