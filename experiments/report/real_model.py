@@ -200,9 +200,20 @@ def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
     rates = _rate_table(record)
     if rates:
         lines += ["", "### The trainer's compute by the batch's reward", "", *rates]
-    named = [arm for arm in ("async-tb", "async-tb-paced", "sync-tb-2-cores") if arm in record["arms"]]
+    return [*lines, "", f"Reproduce: {_reproduce(record)}, then `python -m experiments.report`.", ""]
+
+
+def _reproduce(record: Record) -> str:
+    """The command that ran the record's arms: the default arms and, named apart, any other; or, where the record
+    lacks a default arm, its own arms named with ``--only``."""
+    from experiments.real_model import DEFAULT_ARMS
+
+    ran = list(record["arms"])
+    if not set(DEFAULT_ARMS) <= set(ran):
+        return f"`{record['command']} --only {','.join(ran)}`"
+    named = [arm for arm in ran if arm not in DEFAULT_ARMS]
     extra = f"; {', '.join(named)}: the same with `--only {','.join(named)} --resume` on the record" if named else ""
-    return [*lines, "", f"Reproduce: `{record['command']}`{extra}, then `python -m experiments.report`.", ""]
+    return f"`{record['command']}`{extra}"
 
 
 def _forms_section(forms: list[tuple[str, Record]]) -> list[str]:
