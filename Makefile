@@ -21,10 +21,11 @@ test-fast: install
 demo: install
 	$(TBA) up
 
-# make demo-real: SmolLM2-135M-Instruct learns reasoning-gym's aiw for 20 minutes (tba/local/profiles/real-model.toml)
+# make demo-real [MINUTES=45]: SmolLM2-135M-Instruct learns reasoning-gym's aiw for 20 minutes, or MINUTES
+# (tba/local/profiles/real-model.toml; without bfloat16 in hardware give it 45: docs/models.md)
 .PHONY: demo-real
 demo-real: install
-	$(TBA) up --profile real-model
+	$(TBA) up --profile real-model $(if $(MINUTES),--minutes $(MINUTES))
 
 # make bench [MODEL=smollm2-135m-instruct]: MODEL (a directory or a packaged name) measures trainer and searcher on it
 bench: install
