@@ -65,6 +65,7 @@ from experiments.arms import Arm, busy_fractions, cpu_times, curve, parse_args, 
 from experiments.decoupling import SYNC_ENV, cycle_parts, trainer_rows, update_to_data
 from experiments.peer import parse_task_options, recipe, task_label
 from experiments.records import provenance, ratio, record_name, resolved_settings, summarize
+from experiments.report.real_model import DEFAULT_ARMS
 from tba.local.profile import Profile
 from tba.local.report import read_jsonl, time_split
 
@@ -76,7 +77,6 @@ PLACEMENT = {"searcher_cpus": "0", "trainer_cpus": "1", "backfill": 0}
 PEER = "trl-grpo"
 EXPERIMENT = "real-model"
 RECIPE = "async-tb-ahead"  # the arm that runs the profile as it is
-DEFAULT_ARMS = (RECIPE, PEER, "sync-tb")  # the arms run unless --only names others
 ON_POLICY = ("sync-tb", "sync-tb-2-cores")  # the exactly on-policy arms
 # The arms whose times to each target are compared, seed against seed: each asynchronous arm against each on-policy
 # one, and the recipe against the peer.

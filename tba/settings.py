@@ -523,7 +523,10 @@ class SearcherSettings(ModelSettings):
         "trains on.",
     )
     pace_max_wait_seconds: float = Field(
-        30.0, gt=0.0, description="Longest pause of a paced searcher before it generates one more batch anyway."
+        30.0,
+        gt=0.0,
+        description="Longest pause of a paced searcher before it generates one more batch anyway, unless twice the "
+        "trainer's last interval between versions is longer: then that.",
     )
     enforce_eager: bool | None = Field(None, description="vLLM eager mode (unset: on for the CPU, off on GPUs).")
     worker_spin_seconds: float = Field(

@@ -24,6 +24,11 @@ ARMS = {
     "trl-grpo": "TRL GRPOTrainer",
 }
 ASYNC = ("async-tb-ahead", "async-tb", "async-tb-paced")
+DEFAULT_ARMS = (
+    "async-tb-ahead",
+    "trl-grpo",
+    "sync-tb",
+)  # the arms experiments.real_model runs unless --only names others
 # The exactly on-policy arms as the targets name them; sync-tb is always judged, the others where a record holds them.
 ON_POLICY = {"sync-tb": "on-policy", "sync-tb-2-cores": "on-policy (the trainer on both cores)"}
 
@@ -206,8 +211,6 @@ def _task_section(name: str, record: Record, recipe: bool) -> list[str]:
 def _reproduce(record: Record) -> str:
     """The command that ran the record's arms: the default arms and, named apart, any other; or, where the record
     lacks a default arm, its own arms named with ``--only``."""
-    from experiments.real_model import DEFAULT_ARMS
-
     ran = list(record["arms"])
     if not set(DEFAULT_ARMS) <= set(ran):
         return f"`{record['command']} --only {','.join(ran)}`"

@@ -14,9 +14,12 @@ trainer or lands in the buffer untrained. Two rules hold a searcher back, each o
   trainer to draw. Set to one training batch, the next batch is ready when the trainer asks for
   it and little more is generated.
 
-Either pause lasts at most ``TBA_PACE_MAX_WAIT_SECONDS``; then the searcher generates one
-more batch, so a stalled trainer, or a trainer waiting for more than the cap, never stalls
-the searchers for good.
+Either pause lasts at most ``TBA_PACE_MAX_WAIT_SECONDS``, or twice the trainer's last
+interval between policy versions where that is longer; then the searcher generates one more
+batch, so a stalled trainer, or a trainer waiting for more than the cap, never stalls the
+searchers for good. The trainer's own pace sets the bound because a trainer whose step takes
+longer than a fixed bound is not stalled: a batch generated in its place is generated with the
+old policy, which the exactly on-policy loop then discards, and the new policy waits for it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable
 
 POLICY = "policy"  # paused for a newer policy version
 TRAINER = "trainer"  # paused for the trainer to draw what was generated
+CYCLES_BEFORE_FALLBACK = 2.0  # a trainer silent for this many of its last intervals between versions is stalled
 
 
 class Pacer:
@@ -48,6 +52,9 @@ class Pacer:
         self.waiting_since: float | None = None
         self.waited_seconds = 0.0
         self.ahead: int | None = None  # the samples ahead at the last look, for /status
+        self.newest: tuple[int, float] | None = None  # the newest version seen and when it was first seen
+        self.first_version = 0  # the version served at the first look
+        self.cycle: float | None = None  # seconds between the last two versions seen after the first
 
     def generated(self, version: int) -> None:
         """One batch generated with ``version``."""
@@ -58,14 +65,29 @@ class Pacer:
 
     def should_wait(self, version: int) -> str | None:
         """Why to pause before the next batch (:data:`POLICY` or :data:`TRAINER`), or None to generate it."""
+        now = self.clock()
+        self._observe(version, now)
         reason = self._reason(version)
         if reason is None:
             self.waiting_since = None
             return None
-        now = self.clock()
         if self.waiting_since is None:
             self.waiting_since = now
-        return reason if now - self.waiting_since < self.max_wait else None
+        return reason if now - self.waiting_since < self.longest_wait() else None
+
+    def longest_wait(self) -> float:
+        """The longest pause: the configured bound, or the trainer's recent pace where that is slower."""
+        return self.max_wait if self.cycle is None else max(self.max_wait, CYCLES_BEFORE_FALLBACK * self.cycle)
+
+    def _observe(self, version: int, now: float) -> None:
+        """Time the trainer's pace by the versions this searcher serves. The interval up to the first version after
+        the one it started with is left out: it holds the trainer's start-up and warm-up, not its step."""
+        if self.newest is not None and version > self.newest[0]:
+            if self.newest[0] > self.first_version:
+                self.cycle = now - self.newest[1]
+            self.newest = (version, now)
+        elif self.newest is None:
+            self.newest, self.first_version = (version, now), version
 
     def _reason(self, version: int) -> str | None:
         if self.limit is not None and version == self.version and self.batches >= self.limit:

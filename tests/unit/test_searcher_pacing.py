@@ -43,6 +43,29 @@ def test_a_stalled_trainer_does_not_stall_generation_for_good() -> None:
     assert pacer.should_wait(0)
 
 
+def test_a_trainer_slower_than_the_bound_is_waited_for_as_its_pace_shows() -> None:
+    """Versions 100 s apart: the pause lasts up to 200 s, not 30, so the searcher does not generate a batch with a
+    policy about to be replaced; the start-up's long first interval does not count."""
+    clock = Clock()
+    pacer = Pacer(1, 30.0, clock=clock)
+    for version, at in ((0, 0.0), (1, 500.0), (2, 600.0)):
+        clock.t = at
+        assert not pacer.should_wait(version)
+        pacer.generated(version)
+    assert pacer.cycle == 100.0 and pacer.longest_wait() == 200.0
+    clock.t = 601.0
+    assert pacer.should_wait(2) == POLICY
+    clock.t = 799.0
+    assert pacer.should_wait(2) == POLICY  # past 30 s: the trainer is still within its pace
+    clock.t = 801.0
+    assert not pacer.should_wait(2)  # two of its intervals without a version: stalled, one more batch
+    fast = Pacer(1, 30.0, clock=clock)
+    for version, at in ((0, 0.0), (1, 100.0), (2, 105.0)):
+        clock.t = at
+        fast.should_wait(version)
+    assert fast.longest_wait() == 30.0  # a fast trainer: the configured bound
+
+
 def test_waits_while_enough_samples_wait_for_the_trainer() -> None:
     """The ahead rule reads the backlog at every look: at or over the cap it pauses, under it it generates, and
     an unreadable backlog (Redis away) never holds generation back."""
