@@ -100,32 +100,20 @@ def arms(task_options: dict[str, Any] | None = None) -> dict[str, Arm | None]:
     a ``tba up`` run)."""
     common: dict[str, Any] = {"task": TASK, "profile": PROFILE, "eval_every": EVAL_EVERY, "eval_after": True}
     task_env = {} if task_options is None else {"TBA_TASK_OPTIONS": json.dumps(task_options)}
+
+    def arm(name: str, mode: str, env: dict[str, str], **placement: Any) -> Arm:
+        return Arm(name, mode=mode, env={**env, **task_env}, **common, **{**PLACEMENT, **placement})
+
     return {
-        RECIPE: Arm(
-            RECIPE, mode="async", env={"TBA_MAX_SAMPLES_AHEAD": str(BATCH_SAMPLES), **task_env}, **common, **PLACEMENT
-        ),
-        "async-tb": Arm(
-            "async-tb", mode="async", env={"TBA_MAX_SAMPLES_AHEAD": "off", **task_env}, **common, **PLACEMENT
-        ),
+        RECIPE: arm(RECIPE, "async", {"TBA_MAX_SAMPLES_AHEAD": str(BATCH_SAMPLES)}),
+        "async-tb": arm("async-tb", "async", {"TBA_MAX_SAMPLES_AHEAD": "off"}),
         PEER: None,
-        "sync-tb": Arm("sync-tb", mode="sync", env={**SYNC_ENV, **task_env}, **common, **PLACEMENT),
-        "async-tb-paced": Arm(
-            "async-tb-paced",
-            mode="async",
-            # One batch of the trainer's P prompts per version: the searcher waits for each checkpoint, as the
-            # on-policy loop's does, and the trainer draws from the buffer under the asynchronous bounds.
-            env={**SYNC_ENV, "TBA_MAX_SAMPLES_AHEAD": "off", **task_env},
-            **common,
-            **PLACEMENT,
-        ),
-        "sync-tb-2-cores": Arm(
-            "sync-tb-2-cores",
-            mode="sync",
-            # Cores shared with the searcher would leave the reference pass on the searcher's one core.
-            env={**SYNC_ENV, "TBA_REF_PASS": "trainer", **task_env},
-            **common,
-            **{**PLACEMENT, "trainer_cpus": "0,1"},
-        ),
+        "sync-tb": arm("sync-tb", "sync", SYNC_ENV),
+        # One batch of the trainer's P prompts per version: the searcher waits for each checkpoint, as the
+        # on-policy loop's does, and the trainer draws from the buffer under the asynchronous bounds.
+        "async-tb-paced": arm("async-tb-paced", "async", {**SYNC_ENV, "TBA_MAX_SAMPLES_AHEAD": "off"}),
+        # Cores shared with the searcher would leave the reference pass on the searcher's one core.
+        "sync-tb-2-cores": arm("sync-tb-2-cores", "sync", {**SYNC_ENV, "TBA_REF_PASS": "trainer"}, trainer_cpus="0,1"),
     }
 
 

@@ -24,11 +24,8 @@ ARMS = {
     "trl-grpo": "TRL GRPOTrainer",
 }
 ASYNC = ("async-tb-ahead", "async-tb", "async-tb-paced")
-DEFAULT_ARMS = (
-    "async-tb-ahead",
-    "trl-grpo",
-    "sync-tb",
-)  # the arms experiments.real_model runs unless --only names others
+# The arms experiments.real_model runs unless --only names others.
+DEFAULT_ARMS = ("async-tb-ahead", "trl-grpo", "sync-tb")
 # The exactly on-policy arms as the targets name them; sync-tb is always judged, the others where a record holds them.
 ON_POLICY = {"sync-tb": "on-policy", "sync-tb-2-cores": "on-policy (the trainer on both cores)"}
 
