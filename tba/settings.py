@@ -520,7 +520,8 @@ class SearcherSettings(ModelSettings):
         "taken in by the buffer minus served, or stored before the trainer's first draw, plus those still in the "
         "trajectory stream and this searcher's own being scored) number at least this "
         "many (unset or off: never). One training batch keeps the trainer fed without generating what it never "
-        "trains on.",
+        "trains on. Not for the exactly on-policy trainer (TBA_MODE=sync), which never draws older versions' samples: "
+        "pace its searchers by version instead (`tba up --mode sync` turns this off).",
     )
     pace_max_wait_seconds: float = Field(
         30.0,

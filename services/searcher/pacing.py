@@ -12,7 +12,9 @@ trainer or lands in the buffer untrained. Two rules hold a searcher back, each o
   searcher (``Searcher.samples_ahead``: the buffer's samples taken in minus those served, the
   groups still in the stream, this searcher's own being scored): past it, it waits for the
   trainer to draw. Set to one training batch, the next batch is ready when the trainer asks for
-  it and little more is generated.
+  it and little more is generated. The counts are cumulative, so the rule is for a trainer that
+  draws whatever is stored: the exactly on-policy trainer never draws older versions' samples,
+  which would count as ahead for good (``tba up --mode sync`` turns the rule off).
 
 Either pause lasts at most ``TBA_PACE_MAX_WAIT_SECONDS``, or twice the trainer's last
 interval between policy versions where that is longer; then the searcher generates one more

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tba.health import free_port
-from tba.local.placement import placement, separate_cores, split_cpus
+from tba.local.placement import mode_settings, placement, separate_cores, split_cpus
 from tba.local.profile import RUN_FLAGS, Profile, ProfileError
 from tba.procs import parse_cpu_list
 
@@ -84,9 +84,15 @@ def check_args(args: argparse.Namespace) -> None:
         )
     # What the run's own evaluations need from the searchers' settings (the task, prompt form, lengths): as the
     # searchers will read them, the profile's included.
-    with profile_env(args.profile.settings("searcher", placement(args))):
+    with profile_env(args.profile.settings("searcher", placement(args)) | mode_settings(args, "searcher")):
         args.searcher_settings = load_settings(SearcherSettings, task=args.task)
     ahead, trainer = args.searcher_settings.max_samples_ahead, args.trainer_settings
+    if ahead is not None and args.mode == "sync":  # from the environment: --mode sync turns a profile's cap off
+        raise UsageError(
+            f"TBA_MAX_SAMPLES_AHEAD={ahead} with --mode sync: the exactly on-policy trainer never draws the samples of "
+            "older versions, so the cap would count them for good and pause the searchers for good; pace them by "
+            "version instead (TBA_MAX_BATCHES_PER_VERSION=1)"
+        )
     need = max(trainer.warmup_samples, trainer.prompts_per_step * trainer.train_samples_per_prompt)
     if ahead is not None and ahead < need:
         raise UsageError(

@@ -1,5 +1,5 @@
 """Where a run's processes go and what follows from it: the CPU split, and the settings ``tba up`` gives each
-service (the profile's under this placement, and the threads and cores it implies).
+service (the profile's under this placement, the threads and cores it implies, and what its mode implies).
 """
 
 from __future__ import annotations
@@ -37,6 +37,20 @@ def placement(args: argparse.Namespace) -> Placement:
     return Placement(separate_cores=separate_cores(args), trainer_on_cpu=on_cpu)
 
 
+def mode_settings(args: argparse.Namespace, service: str) -> dict[str, str]:
+    """What ``--mode`` sets for ``service``, over the profile and the environment (``--mode sync``: the searchers'
+    ``TBA_MAX_SAMPLES_AHEAD`` off).
+
+    The exactly on-policy trainer draws only the newest version's samples: those of older versions are never
+    trained on, so a cap on the samples generated and not trained on would count them for good and, once they
+    reach it, pause the searchers for good. That loop is paced by version (``TBA_MAX_BATCHES_PER_VERSION``)."""
+    if service == "trainer":
+        return {"TBA_MODE": args.mode}
+    if service == "searcher" and args.mode == "sync":
+        return {"TBA_MAX_SAMPLES_AHEAD": "off"}
+    return {}
+
+
 def service_defaults(args: argparse.Namespace, service: str, i: int = 0) -> dict[str, str]:
     """What ``tba up`` sets for ``service`` (``all``, ``trainer``, ``searcher``, ``buffer``) unless the environment
     does: the profile's settings under this run's placement (tba/local/profiles/), then what follows from where
@@ -60,7 +74,6 @@ def config_layers(args: argparse.Namespace) -> dict[str, dict[str, tuple[str, st
     profile = f"profile {args.profile.label}"
     from_flags = {"TBA_TASK": args.task, "TBA_SEED": str(args.seed)}
     trainer_flags = {
-        "TBA_MODE": args.mode,
         "TBA_LOSS": args.loss,
         "TBA_MAX_SECONDS": f"{max(1.0, args.minutes * 60):.0f}",
         "TBA_TRAINER_PROCS": str(args.trainer_procs),
@@ -71,12 +84,13 @@ def config_layers(args: argparse.Namespace) -> dict[str, dict[str, tuple[str, st
     # The run itself: the flags a profile's [run] table may set, and where each value came from.
     out: dict[str, dict[str, tuple[str, str]]] = {"run": {f"--{k}": v for k, v in args.run_sources.items()}}
     for name, (service, i) in services.items():
-        values = {
-            k: (v, "tba up flags") for k, v in (from_flags | (trainer_flags if service == "trainer" else {})).items()
-        }
         chosen = args.profile.settings(service, placement(args))
-        for key, value in service_defaults(args, service, i).items():
-            values[key] = (value, profile if key in chosen else "placement")
+        values = {
+            key: (value, profile if key in chosen else "placement")
+            for key, value in service_defaults(args, service, i).items()
+        }
+        flags = from_flags | (trainer_flags if service == "trainer" else {}) | mode_settings(args, service)
+        values |= {k: (v, "tba up flags") for k, v in flags.items()}
         for key in list(values):
             if key in os.environ and values[key][1] != "tba up flags":
                 values[key] = (os.environ[key], "environment")

@@ -36,7 +36,7 @@ from tba.health import free_port
 from tba.local import run_file
 from tba.local.checks import UsageError, check_args
 from tba.local.eval_pool import TakenCheckpoint, evaluate_on_cores, greedy_accuracy, link_checkpoint
-from tba.local.placement import config_layers, searcher_cpus, service_defaults
+from tba.local.placement import config_layers, mode_settings, searcher_cpus, service_defaults
 from tba.local.profile import DEFAULT
 from tba.procs import pin_threads
 from tba.settings import redact_url
@@ -361,10 +361,10 @@ class LocalRun:
             **env,
             "TBA_BUFFER_URL": buffer_url,
             "TBA_METRICS_PORT": str(port),
-            "TBA_MODE": self.args.mode,
             "TBA_LOSS": self.args.loss,
             "TBA_METRICS_FILE": str(self.run_dir / "trainer_metrics.jsonl"),
             **self._tracking_env(),
+            **mode_settings(self.args, "trainer"),
         }
         for key, value in service_defaults(self.args, "trainer").items():
             trainer_env.setdefault(key, value)
@@ -392,6 +392,7 @@ class LocalRun:
                 "TBA_SEARCHER_ID": name,
                 "TBA_METRICS_PORT": str(port),
                 "TBA_SPILL_DIR": str(self.run_dir / "spill" / name),
+                **mode_settings(self.args, "searcher"),
             }
             for key, value in service_defaults(self.args, "searcher", i).items():
                 s_env.setdefault(key, value)

@@ -24,8 +24,8 @@ from tba.settings import DEFAULT_MAX_STALENESS, SearcherSettings
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.vllm]
 
 # Long enough for the backfill searcher, at the lowest priority on the trainer's busy cores, to start its engine
-# and follow for a while.
-MINUTES = float(os.environ.get("TBA_E2E_FOLLOW_MINUTES", "4"))
+# (within a minute on 2 cores) and follow for two minutes more.
+MINUTES = float(os.environ.get("TBA_E2E_FOLLOW_MINUTES", "3"))
 LAG_SECONDS = SearcherSettings.model_fields["lag_seconds"].default
 
 

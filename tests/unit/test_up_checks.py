@@ -42,6 +42,7 @@ def parse(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str] 
         ([], {"TBA_TEMPERATURE": "hot"}, SettingsError, "TBA_TEMPERATURE"),
         ([], {"TBA_MAX_SAMPLES_AHEAD": "63"}, UsageError, "TBA_MAX_SAMPLES_AHEAD=63 is below the 64 samples"),
         ([], {"TBA_MAX_SAMPLES_AHEAD": "0"}, SettingsError, "TBA_MAX_SAMPLES_AHEAD"),
+        (["--mode", "sync"], {"TBA_MAX_SAMPLES_AHEAD": "64"}, UsageError, "TBA_MAX_SAMPLES_AHEAD=64 with --mode sync"),
     ],
 )
 def test_a_bad_value_is_named(monkeypatch, argv, env, error, says) -> None:
@@ -221,6 +222,20 @@ def test_a_bad_run_table_or_base_is_named(monkeypatch, tmp_path, text, says) -> 
     with pytest.raises(UsageError, match="--profile") as err:
         check_args(parse(monkeypatch, ["--profile", str(own)]))
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize(("mode", "ahead"), [("async", 64), ("sync", None)])
+def test_the_on_policy_loop_runs_the_real_model_profile_without_its_cap_on_samples_ahead(
+    monkeypatch, mode, ahead
+) -> None:
+    """The exactly on-policy trainer never draws older versions' samples: counted as ahead for good, they would
+    pause its searchers for good. ``--mode sync`` turns the profile's cap off, and says so where settings are shown."""
+    args = parse(monkeypatch, ["--profile", "real-model", "--mode", mode])
+    check_args(args)
+    assert args.searcher_settings.max_samples_ahead == ahead
+    shown = config_layers(args)["searcher-0"]["TBA_MAX_SAMPLES_AHEAD"]
+    assert shown == (("64", "profile real-model.toml over default.toml") if ahead else ("off", "tba up flags"))
+    assert config_layers(args)["trainer"]["TBA_MODE"] == (mode, "tba up flags")
 
 
 def test_the_real_model_profile_is_the_recipe_the_trl_peer_runs(monkeypatch) -> None:
