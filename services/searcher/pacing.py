@@ -57,6 +57,7 @@ class Pacer:
         self.newest: tuple[int, float] | None = None  # the newest version seen and when it was first seen
         self.first_version = 0  # the version served at the first look
         self.cycle: float | None = None  # seconds between the last two versions seen after the first
+        self.gave_up = False  # a pause ran out since the newest version was seen
 
     def generated(self, version: int) -> None:
         """One batch generated with ``version``."""
@@ -75,19 +76,24 @@ class Pacer:
             return None
         if self.waiting_since is None:
             self.waiting_since = now
-        return reason if now - self.waiting_since < self.longest_wait() else None
+        if now - self.waiting_since < self.longest_wait():
+            return reason
+        self.gave_up = True
+        return None
 
     def longest_wait(self) -> float:
         """The longest pause: the configured bound, or the trainer's recent pace where that is slower."""
         return self.max_wait if self.cycle is None else max(self.max_wait, CYCLES_BEFORE_FALLBACK * self.cycle)
 
     def _observe(self, version: int, now: float) -> None:
-        """Time the trainer's pace by the versions this searcher serves. The interval up to the first version after
-        the one it started with is left out: it holds the trainer's start-up and warm-up, not its step."""
+        """Time the trainer's pace by the versions this searcher serves. Left out: the interval up to the first
+        version after the one it started with (it holds the trainer's start-up and warm-up, not its step), and an
+        interval in which a pause ran out (the trainer may have waited for that batch: timed, the pause would
+        feed on itself, each longer than the last)."""
         if self.newest is not None and version > self.newest[0]:
-            if self.newest[0] > self.first_version:
+            if self.newest[0] > self.first_version and not self.gave_up:
                 self.cycle = now - self.newest[1]
-            self.newest = (version, now)
+            self.newest, self.gave_up = (version, now), False
         elif self.newest is None:
             self.newest, self.first_version = (version, now), version
 

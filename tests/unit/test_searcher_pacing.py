@@ -66,6 +66,28 @@ def test_a_trainer_slower_than_the_bound_is_waited_for_as_its_pace_shows() -> No
     assert fast.longest_wait() == 30.0  # a fast trainer: the configured bound
 
 
+def test_a_pause_that_ran_out_does_not_lengthen_the_next() -> None:
+    """A trainer that waits for the searcher's batch (the ahead rule misled, say) publishes only after the pause
+    runs out: that interval holds the pause itself, so it is not timed and the next pause is no longer."""
+    clock = Clock()
+    backlog = [0]
+    pacer = Pacer(None, 30.0, clock=clock, max_samples_ahead=64, samples_ahead=lambda: backlog[0])
+    for version, at in ((0, 0.0), (1, 100.0), (2, 160.0)):
+        clock.t = at
+        assert not pacer.should_wait(version)
+    assert pacer.longest_wait() == 120.0
+    backlog[0], clock.t = 128, 161.0
+    assert pacer.should_wait(2) == TRAINER
+    clock.t = 281.0
+    assert not pacer.should_wait(2)  # ran out: one more batch, which the trainer was waiting for
+    pacer.generated(2)
+    clock.t = 341.0
+    assert pacer.should_wait(3) == TRAINER and pacer.longest_wait() == 120.0  # not 2 x 181 s
+    clock.t = 401.0
+    pacer.should_wait(4)  # an interval without a pause running out is timed again
+    assert pacer.cycle == 60.0
+
+
 def test_waits_while_enough_samples_wait_for_the_trainer() -> None:
     """The ahead rule reads the backlog at every look: at or over the cap it pauses, under it it generates, and
     an unreadable backlog (Redis away) never holds generation back."""
