@@ -38,12 +38,9 @@ def placement(args: argparse.Namespace) -> Placement:
 
 
 def mode_settings(args: argparse.Namespace, service: str) -> dict[str, str]:
-    """What ``--mode`` sets for ``service``, over the profile and the environment (``--mode sync``: the searchers'
-    ``TBA_MAX_SAMPLES_AHEAD`` off).
-
-    The exactly on-policy trainer draws only the newest version's samples: those of older versions are never
-    trained on, so a cap on the samples generated and not trained on would count them for good and, once they
-    reach it, pause the searchers for good. That loop is paced by version (``TBA_MAX_BATCHES_PER_VERSION``)."""
+    """What ``--mode`` sets for ``service``, over the profile and the environment: the trainer's mode, and with
+    ``--mode sync`` the searchers' ``TBA_MAX_SAMPLES_AHEAD`` off (its counts would hold the older versions' samples
+    that the exactly on-policy trainer never draws: services/searcher/pacing.py)."""
     if service == "trainer":
         return {"TBA_MODE": args.mode}
     if service == "searcher" and args.mode == "sync":

@@ -23,17 +23,8 @@ MINUTES = 3.5
 def test_minutes_of_load_leave_memory_flat_latency_stable_and_no_error(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    result = run_suite(
-        "soak",
-        "--minutes",
-        MINUTES,
-        "--redis-url",
-        redis_server.url,
-        "--workdir",
-        tmp_path,
-        workdir=tmp_path,
-        timeout=900,
-    )
+    options = ("--minutes", MINUTES, "--redis-url", redis_server.url, "--workdir", tmp_path)
+    result = run_suite("soak", *options, workdir=tmp_path, timeout=900)
     cfg = result["config"]
     assert cfg["minutes"] == MINUTES
     assert cfg["dedup_window_seconds"] + 60 < cfg["warmup_minutes"] * 60  # dedup records reach their bound early
